@@ -1,0 +1,55 @@
+//! The one error type of the crate.
+//!
+//! Every mistake a caller can make (a buffer of the wrong length, a zero
+//! dimension, a partitioner that names a shard that does not exist, a
+//! non-finite value) is reported as a typed [`Error`] whose message names the
+//! expected and the actual sizes. Nothing in the public API panics on user
+//! input.
+
+/// Result alias used by every fallible function of the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong when using dynemb.
+#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Error {
+    /// A buffer's length does not match what the keys and `dim` require.
+    #[error("{what}: expected length {expected}, got {actual}")]
+    LengthMismatch {
+        /// Which argument was wrong (`"out"`, `"values"`, `"exists"`, ...).
+        what: &'static str,
+        /// The length that was required.
+        expected: usize,
+        /// The length that was given.
+        actual: usize,
+    },
+    /// A shard index outside `0..shards`, given by the caller or returned by a
+    /// custom partitioner.
+    #[error("unknown shard {shard}: the variable has {shards} shard(s)")]
+    UnknownShard {
+        /// The shard that was asked for.
+        shard: usize,
+        /// How many shards the variable has.
+        shards: usize,
+    },
+    /// A builder setting that cannot work (zero dim, zero shards, an
+    /// initializer row of the wrong length, ...).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// An input value is NaN or infinite where only finite numbers are allowed.
+    #[error("{what}: element {index} is not finite ({value})")]
+    NonFinite {
+        /// Which argument held the value (`"values"`, `"deltas"`).
+        what: &'static str,
+        /// Position of the first offending element.
+        index: usize,
+        /// The offending value.
+        value: f32,
+    },
+    /// The table cannot grow any further (more rows than a shard can address).
+    #[error("capacity exceeded: a shard holds at most {max_rows} rows")]
+    CapacityExceeded {
+        /// The most rows one shard can address.
+        max_rows: u64,
+    },
+}

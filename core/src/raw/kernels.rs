@@ -1,0 +1,487 @@
+//! Vectorized row kernels: the inner loops of lookup, upsert, accumulate and
+//! optimizer apply.
+//!
+//! # Row layout
+//!
+//! A row of `dim` f32 values lives in [`words_for_dim(dim)`](words_for_dim)
+//! consecutive `AtomicU64` words of a column arena. Word `i` holds element
+//! `2i` in its low 32 bits and element `2i + 1` in its high 32 bits (as
+//! [`f32::to_bits`]). For odd `dim` the high half of the last word is padding:
+//! kernels always write it as `0` and ignore it on read.
+//!
+//! # Relaxed atomics only
+//!
+//! A row may be copied by a reader while a writer updates it under the row's
+//! seqlock; the reader then discards the copy and retries. Even so, a plain
+//! (non-atomic) read racing a write is undefined behaviour in the Rust memory
+//! model, so every access to row memory here is an atomic word load or store
+//! with [`Ordering::Relaxed`]. On x86_64 a Relaxed 64-bit atomic load or
+//! store compiles to a plain `mov`, so this costs nothing over a plain copy.
+//! Kernels do no fencing and take no lock: the caller's seqlock provides the
+//! ordering (and the exclusion that read-modify-write kernels such as
+//! [`axpy_row`] rely on).
+//!
+//! # Arithmetic
+//!
+//! Arithmetic runs in `wide::f32x8` lanes: four words (eight floats) are
+//! loaded into a `[u64; 4]`, reinterpreted as an `f32x8`, computed on and
+//! written back as four words, with a scalar tail for the last `dim % 8`
+//! elements. Vector and scalar paths do the same IEEE operations (no fused
+//! multiply-add), so results do not depend on where an element falls.
+//!
+//! Slices of mismatched length are a caller bug: kernels `debug_assert!` the
+//! lengths and otherwise process the common prefix without panicking.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use wide::f32x8;
+
+/// Floats per SIMD block.
+const LANES: usize = 8;
+/// Row words per SIMD block (two floats per word).
+const BLOCK_WORDS: usize = LANES / 2;
+/// Cache-line size assumed by [`prefetch_span`].
+const CACHE_LINE: usize = 64;
+
+/// Number of `AtomicU64` words that hold a row of `dim` f32 values.
+#[inline]
+pub const fn words_for_dim(dim: usize) -> usize {
+    dim.div_ceil(2)
+}
+
+/// Splits a row word into its (low, high) elements.
+#[inline(always)]
+fn unpack(word: u64) -> (f32, f32) {
+    (
+        f32::from_bits(word as u32),
+        f32::from_bits((word >> 32) as u32),
+    )
+}
+
+/// Packs two elements into a row word, `lo` in the low half.
+#[inline(always)]
+fn pack(lo: f32, hi: f32) -> u64 {
+    u64::from(lo.to_bits()) | (u64::from(hi.to_bits()) << 32)
+}
+
+/// Atomically (Relaxed) loads one block of row words as eight lanes.
+#[inline(always)]
+fn load_block(words: &[AtomicU64]) -> f32x8 {
+    let words: &[AtomicU64; BLOCK_WORDS] = words.try_into().expect("block of 4 words");
+    let w: [u64; BLOCK_WORDS] = core::array::from_fn(|i| words[i].load(Relaxed));
+    if cfg!(target_endian = "little") {
+        // Little-endian: the memory image of [u64; 4] is exactly the lane order.
+        bytemuck::cast(w)
+    } else {
+        f32x8::new(core::array::from_fn(|i| {
+            let (lo, hi) = unpack(w[i / 2]);
+            if i % 2 == 0 {
+                lo
+            } else {
+                hi
+            }
+        }))
+    }
+}
+
+/// Atomically (Relaxed) stores eight lanes into one block of row words.
+#[inline(always)]
+fn store_block(words: &[AtomicU64], v: f32x8) {
+    let words: &[AtomicU64; BLOCK_WORDS] = words.try_into().expect("block of 4 words");
+    let w: [u64; BLOCK_WORDS] = if cfg!(target_endian = "little") {
+        bytemuck::cast(v)
+    } else {
+        let a = v.to_array();
+        core::array::from_fn(|i| pack(a[2 * i], a[2 * i + 1]))
+    };
+    for (word, bits) in words.iter().zip(w) {
+        word.store(bits, Relaxed);
+    }
+}
+
+/// Reads eight floats from a slice of exactly eight.
+#[inline(always)]
+fn lanes(xs: &[f32]) -> f32x8 {
+    f32x8::new(xs.try_into().expect("block of 8 floats"))
+}
+
+/// Splits `row` (meant for `len` floats) for a kernel: whole blocks of
+/// `BLOCK_WORDS` words and the tail words, and the element count `n` both
+/// cover (the common prefix if the lengths disagree).
+#[inline(always)]
+fn split_row(row: &[AtomicU64], len: usize) -> (&[AtomicU64], &[AtomicU64], usize) {
+    debug_assert_eq!(row.len(), words_for_dim(len), "row words vs dim");
+    let n = len.min(2 * row.len());
+    let (blocks, tail) = row[..words_for_dim(n)].split_at(n / LANES * BLOCK_WORDS);
+    (blocks, tail, n)
+}
+
+/// Copies a row out of its arena: `out[..] = row`.
+///
+/// `out.len()` is the row's `dim` and `row.len()` must be
+/// `words_for_dim(dim)`. The padding half of an odd row's last word is
+/// ignored.
+#[inline]
+pub fn load_row(row: &[AtomicU64], out: &mut [f32]) {
+    let (blocks, word_tail, n) = split_row(row, out.len());
+    let mut outs = out[..n].chunks_exact_mut(LANES);
+    for (w, o) in blocks.chunks_exact(BLOCK_WORDS).zip(&mut outs) {
+        o.copy_from_slice(&load_block(w).to_array());
+    }
+    for (w, o) in word_tail.iter().zip(outs.into_remainder().chunks_mut(2)) {
+        let (lo, hi) = unpack(w.load(Relaxed));
+        o[0] = lo;
+        if let Some(h) = o.get_mut(1) {
+            *h = hi;
+        }
+    }
+}
+
+/// Overwrites a row: `row = src`.
+///
+/// `src.len()` is the row's `dim` and `row.len()` must be
+/// `words_for_dim(dim)`. For odd `dim` the padding half is written as 0.
+#[inline]
+pub fn store_row(row: &[AtomicU64], src: &[f32]) {
+    let (blocks, word_tail, n) = split_row(row, src.len());
+    let srcs = src[..n].chunks_exact(LANES);
+    let src_tail = srcs.remainder();
+    for (w, s) in blocks.chunks_exact(BLOCK_WORDS).zip(srcs) {
+        store_block(w, lanes(s));
+    }
+    for (w, s) in word_tail.iter().zip(src_tail.chunks(2)) {
+        w.store(pack(s[0], s.get(1).copied().unwrap_or(0.0)), Relaxed);
+    }
+}
+
+/// Row read-modify-write driver: `row[i] = f(row[i], x[i])`, with `vf` the
+/// same operation on eight lanes. Padding stays 0. The caller must hold the
+/// row's write lock: the update is not an atomic read-modify-write.
+#[inline(always)]
+fn update_row(
+    row: &[AtomicU64],
+    x: &[f32],
+    vf: impl Fn(f32x8, f32x8) -> f32x8,
+    f: impl Fn(f32, f32) -> f32,
+) {
+    let (blocks, word_tail, n) = split_row(row, x.len());
+    let xs = x[..n].chunks_exact(LANES);
+    let x_tail = xs.remainder();
+    for (w, x8) in blocks.chunks_exact(BLOCK_WORDS).zip(xs) {
+        store_block(w, vf(load_block(w), lanes(x8)));
+    }
+    for (w, x2) in word_tail.iter().zip(x_tail.chunks(2)) {
+        let (lo, hi) = unpack(w.load(Relaxed));
+        let hi = x2.get(1).map_or(0.0, |&xh| f(hi, xh));
+        w.store(pack(f(lo, x2[0]), hi), Relaxed);
+    }
+}
+
+/// Accumulates into a row: `row += a * x` (gradient accumulation and the
+/// optimizers' axpy).
+///
+/// `x.len()` is the row's `dim` and `row.len()` must be `words_for_dim(dim)`.
+/// The caller must hold the row's write lock. `a == 1.0` takes a plain-add
+/// path (bit-identical result, one multiply fewer per lane).
+#[inline]
+pub fn axpy_row(row: &[AtomicU64], a: f32, x: &[f32]) {
+    if a == 1.0 {
+        update_row(row, x, |r, x| r + x, |r, x| r + x);
+    } else {
+        let av = f32x8::splat(a);
+        update_row(row, x, |r, x| r + x * av, |r, x| r + x * a);
+    }
+}
+
+/// Slice update driver: `dst[i] = f(dst[i], x[i])`, with `vf` the same
+/// operation on eight lanes, over the common prefix of `dst` and `x`.
+#[inline(always)]
+fn update_slice(
+    dst: &mut [f32],
+    x: &[f32],
+    vf: impl Fn(f32x8, f32x8) -> f32x8,
+    f: impl Fn(f32, f32) -> f32,
+) {
+    debug_assert_eq!(dst.len(), x.len(), "slice lengths");
+    let n = dst.len().min(x.len());
+    let mut ds = dst[..n].chunks_exact_mut(LANES);
+    let xs = x[..n].chunks_exact(LANES);
+    let x_tail = xs.remainder();
+    for (d, x8) in (&mut ds).zip(xs) {
+        d.copy_from_slice(&vf(lanes(d), lanes(x8)).to_array());
+    }
+    for (d, &xi) in ds.into_remainder().iter_mut().zip(x_tail) {
+        *d = f(*d, xi);
+    }
+}
+
+/// `dst += a * x` on plain slices (summing duplicate deltas within a batch).
+///
+/// Processes `min(dst.len(), x.len())` elements; the lengths should match.
+/// `a == 1.0` takes a plain-add path, as in [`axpy_row`].
+#[inline]
+pub fn axpy(dst: &mut [f32], a: f32, x: &[f32]) {
+    if a == 1.0 {
+        update_slice(dst, x, |d, x| d + x, |d, x| d + x);
+    } else {
+        let av = f32x8::splat(a);
+        update_slice(dst, x, |d, x| d + x * av, |d, x| d + x * a);
+    }
+}
+
+/// Scales a slice in place: `dst *= a`.
+#[inline]
+pub fn scale(dst: &mut [f32], a: f32) {
+    let av = f32x8::splat(a);
+    let mut ds = dst.chunks_exact_mut(LANES);
+    for d in &mut ds {
+        d.copy_from_slice(&(lanes(d) * av).to_array());
+    }
+    for d in ds.into_remainder() {
+        *d *= a;
+    }
+}
+
+/// Index of the first NaN or infinite element of `values`, if any.
+///
+/// Checks eight lanes at a time and locates the offender from the lane mask.
+#[inline]
+pub fn first_non_finite(values: &[f32]) -> Option<usize> {
+    let blocks = values.chunks_exact(LANES);
+    let tail = blocks.remainder();
+    for (i, b) in blocks.enumerate() {
+        let finite = lanes(b).is_finite().move_mask();
+        if finite != 0xFF {
+            return Some(i * LANES + (!finite).trailing_zeros() as usize);
+        }
+    }
+    let tail_start = values.len() - tail.len();
+    tail.iter()
+        .position(|v| !v.is_finite())
+        .map(|p| tail_start + p)
+}
+
+/// Hints the CPU to fetch the cache line containing `ptr` for reading.
+///
+/// Any address is fine (dangling, null, out of bounds): a prefetch never
+/// faults and never dereferences `ptr` in the language sense. A no-op on
+/// architectures other than x86_64 and under Miri.
+#[inline(always)]
+pub fn prefetch<T>(ptr: *const T) {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    {
+        use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: `_mm_prefetch` needs SSE, part of the x86_64 baseline. It is
+        // only a hint: it never faults, whatever the address (unmapped,
+        // dangling or null lines are silently ignored), and does not access
+        // memory as far as the Rust abstract machine is concerned.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(ptr.cast::<i8>()) };
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    let _ = ptr;
+}
+
+/// Prefetches every cache line overlapping the `bytes` bytes starting at
+/// `ptr` (a row of a wide column spans several lines). Like [`prefetch`],
+/// any address is fine.
+#[inline]
+pub fn prefetch_span<T>(ptr: *const T, bytes: usize) {
+    let p = ptr.cast::<u8>();
+    let skew = p.addr() % CACHE_LINE;
+    let line = p.wrapping_sub(skew);
+    for off in (0..bytes.saturating_add(skew)).step_by(CACHE_LINE) {
+        prefetch(line.wrapping_add(off));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DIMS: [usize; 13] = [1, 2, 3, 7, 8, 9, 15, 16, 17, 63, 64, 65, 256];
+
+    /// Integer-valued test data (exact under +, *, and * 0.5).
+    fn ints(dim: usize, seed: i32) -> Vec<f32> {
+        (0..dim as i32)
+            .map(|i| ((i * 7 + seed) % 23 - 11) as f32)
+            .collect()
+    }
+
+    /// A fresh row with every word (padding included) set to garbage.
+    fn garbage_row(dim: usize) -> Vec<AtomicU64> {
+        (0..words_for_dim(dim))
+            .map(|_| AtomicU64::new(0xDEAD_BEEF_DEAD_BEEF))
+            .collect()
+    }
+
+    fn load(row: &[AtomicU64], dim: usize) -> Vec<f32> {
+        let mut out = vec![f32::NAN; dim];
+        load_row(row, &mut out);
+        out
+    }
+
+    #[test]
+    fn words_for_dim_rounds_up() {
+        assert_eq!(words_for_dim(0), 0);
+        assert_eq!(words_for_dim(1), 1);
+        assert_eq!(words_for_dim(2), 1);
+        assert_eq!(words_for_dim(3), 2);
+        assert_eq!(words_for_dim(256), 128);
+        assert_eq!(words_for_dim(257), 129);
+    }
+
+    #[test]
+    fn store_load_round_trip() {
+        for dim in DIMS {
+            let src: Vec<f32> = (0..dim).map(|i| i as f32 * 0.25 - 3.5).collect();
+            let row = garbage_row(dim);
+            store_row(&row, &src);
+            assert_eq!(load(&row, dim), src, "dim {dim}");
+        }
+    }
+
+    #[test]
+    fn round_trip_preserves_bits() {
+        let src = [
+            -0.0,
+            f32::NAN,
+            f32::INFINITY,
+            f32::MIN_POSITIVE / 2.0,
+            f32::MAX,
+        ];
+        for dim in 1..=src.len() {
+            let row = garbage_row(dim);
+            store_row(&row, &src[..dim]);
+            let out = load(&row, dim);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&out), bits(&src[..dim]), "dim {dim}");
+        }
+    }
+
+    #[test]
+    fn word_layout_low_half_first() {
+        let row = garbage_row(3);
+        store_row(&row, &[1.0, 2.0, 3.0]);
+        let w0 = row[0].load(Relaxed);
+        assert_eq!(w0 as u32, 1.0f32.to_bits());
+        assert_eq!((w0 >> 32) as u32, 2.0f32.to_bits());
+        assert_eq!(row[1].load(Relaxed), u64::from(3.0f32.to_bits()));
+    }
+
+    #[test]
+    fn padding_is_zero_after_store() {
+        for dim in DIMS.into_iter().filter(|d| d % 2 == 1) {
+            let row = garbage_row(dim);
+            store_row(&row, &ints(dim, 5));
+            assert_eq!(row[row.len() - 1].load(Relaxed) >> 32, 0, "dim {dim}");
+        }
+    }
+
+    #[test]
+    fn load_ignores_padding() {
+        let row = garbage_row(3);
+        store_row(&row, &[1.0, 2.0, 3.0]);
+        row[1].store(u64::from(3.0f32.to_bits()) | (0x7FC0_0000 << 32), Relaxed);
+        assert_eq!(load(&row, 3), [1.0, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn axpy_row_matches_scalar() {
+        for dim in DIMS {
+            for a in [1.0, -0.5, 3.0] {
+                let base = ints(dim, 3);
+                let x = ints(dim, 11);
+                let row = garbage_row(dim);
+                store_row(&row, &base);
+                axpy_row(&row, a, &x);
+                let want: Vec<f32> = base.iter().zip(&x).map(|(r, x)| r + a * x).collect();
+                assert_eq!(load(&row, dim), want, "dim {dim} a {a}");
+                if dim % 2 == 1 {
+                    assert_eq!(
+                        row[row.len() - 1].load(Relaxed) >> 32,
+                        0,
+                        "padding dim {dim}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn axpy_matches_scalar() {
+        for dim in DIMS {
+            for a in [1.0, -0.5, 3.0] {
+                let mut dst = ints(dim, 1);
+                let x = ints(dim, 9);
+                let want: Vec<f32> = dst.iter().zip(&x).map(|(d, x)| d + a * x).collect();
+                axpy(&mut dst, a, &x);
+                assert_eq!(dst, want, "dim {dim} a {a}");
+            }
+        }
+    }
+
+    #[test]
+    fn scale_matches_scalar() {
+        for dim in DIMS {
+            for a in [0.0, -0.5, 3.0] {
+                let mut dst = ints(dim, 4);
+                let want: Vec<f32> = dst.iter().map(|d| d * a).collect();
+                scale(&mut dst, a);
+                assert_eq!(dst, want, "dim {dim} a {a}");
+            }
+        }
+    }
+
+    #[test]
+    fn first_non_finite_locates() {
+        for len in [1, 7, 8, 9, 15, 16, 17, 20] {
+            let mut positions = vec![0, 7, 8, len - 1, len - len % 8];
+            positions.retain(|&p| p < len);
+            for p in positions {
+                for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                    let mut v = ints(len, 2);
+                    v[p] = bad;
+                    assert_eq!(first_non_finite(&v), Some(p), "len {len} pos {p} {bad}");
+                    // A later offender does not hide the first one.
+                    if p + 1 < len {
+                        v[len - 1] = f32::NAN;
+                        assert_eq!(first_non_finite(&v), Some(p), "len {len} pos {p} twice");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn first_non_finite_none_for_finite() {
+        assert_eq!(first_non_finite(&[]), None);
+        let special = [
+            f32::MAX,
+            f32::MIN,
+            f32::MIN_POSITIVE,
+            f32::MIN_POSITIVE / 4.0,
+            -f32::from_bits(1),
+            f32::from_bits(1),
+            0.0,
+            -0.0,
+        ];
+        for len in [1, 7, 8, 9, 17, 24] {
+            let v: Vec<f32> = (0..len).map(|i| special[i % special.len()]).collect();
+            assert_eq!(first_non_finite(&v), None, "len {len}");
+        }
+    }
+
+    #[test]
+    fn prefetch_never_crashes() {
+        let buf = vec![1u64; 64];
+        prefetch(buf.as_ptr());
+        prefetch(buf.as_ptr().wrapping_add(1000));
+        prefetch_span(buf.as_ptr(), 64 * 8);
+        prefetch_span(buf.as_ptr().wrapping_add(3), 100);
+        prefetch_span(buf.as_ptr(), 0);
+        prefetch(core::ptr::NonNull::<u64>::dangling().as_ptr());
+        prefetch_span(core::ptr::NonNull::<[u64; 32]>::dangling().as_ptr(), 256);
+        prefetch(core::ptr::null::<u8>());
+        assert_eq!(buf[0], 1);
+    }
+}

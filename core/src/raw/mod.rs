@@ -1,0 +1,21 @@
+//! The lock-free table underneath [`Variable`](crate::Variable): the only
+//! module of the crate with `unsafe`.
+//!
+//! - `tags`: slot states and SIMD matching of a group's 16 tags;
+//! - `index`: the open-addressing index protocol (find, insert, remove,
+//!   migrate one group) over atomics that loom can model;
+//! - `rows`: the row arena (stable row ids, seqlocked rows, free list);
+//! - `kernels`: vectorized row kernels and prefetch;
+//! - `epoch`: the table's dedicated epoch collector;
+//! - [`Table`]: one shard, built from the above, with batched operations.
+
+mod epoch;
+pub(crate) mod index;
+pub mod kernels;
+mod rows;
+mod sync;
+mod table;
+pub(crate) mod tags;
+mod zeroed;
+
+pub use table::{Positions, Table};

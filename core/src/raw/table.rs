@@ -1,0 +1,602 @@
+//! [`Table`]: one shard of a variable, a lock-free map from 64-bit keys to
+//! rows of `dim` floats, operated on in batches.
+//!
+//! A table is an [`Index`] (keys to row ids; replaced by a larger one when it
+//! fills, see [`index`](super::index)) over a [`RowStore`] (the rows, which
+//! never move). Every batch pins the table's epoch once; index arrays and row
+//! ids that are retired while a batch runs are freed only after it ends.
+//!
+//! Batched reads run in two passes over chunks of the batch: first resolve
+//! row ids with the key's tag group prefetched a few keys ahead, then copy the
+//! rows with each row prefetched a few keys ahead.
+//!
+//! Growth: an insert that cannot reserve a slot closes the index, allocates
+//! the next one sized for twice the live keys, and migrates it together with
+//! every other writer that runs into the migration; readers keep reading the
+//! old index and follow `next` for keys already moved, so they never wait.
+
+use super::epoch::Epoch;
+use super::index::{hash_key, Index, Insert, Remove, MIN_CAPACITY};
+use super::kernels::{axpy_row, prefetch, prefetch_span, store_row};
+use super::rows::{RowCache, RowStore};
+use super::sync::Spin;
+use crate::{Error, Result};
+use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+/// Keys per pipelined chunk of a batch.
+const CHUNK: usize = 64;
+/// How far ahead tag groups are prefetched.
+const TAG_PREFETCH: usize = 8;
+/// How far ahead rows are prefetched.
+const ROW_PREFETCH: usize = 4;
+/// Row id meaning "not found".
+const MISSING: u64 = u64::MAX;
+
+/// Where the rows of a batch's keys are in the caller's buffers.
+#[derive(Clone, Copy, Debug)]
+pub enum Positions<'a> {
+    /// Key `i` uses row `i` (and `exists[i]`).
+    Dense,
+    /// Key `i` uses row `at[i]` (a shard's share of a larger batch).
+    At(&'a [u32]),
+}
+
+impl Positions<'_> {
+    #[inline]
+    fn of(self, i: usize) -> usize {
+        match self {
+            Positions::Dense => i,
+            Positions::At(at) => at[i] as usize,
+        }
+    }
+
+    /// Checks that every key has a position inside a buffer of `rows` rows.
+    fn check(self, keys: usize, rows: usize, what: &'static str, dim: usize) -> Result<()> {
+        match self {
+            Positions::Dense if keys == rows => Ok(()),
+            Positions::Dense => Err(Error::LengthMismatch {
+                what,
+                expected: keys * dim,
+                actual: rows * dim,
+            }),
+            Positions::At(at) if at.len() != keys => Err(Error::LengthMismatch {
+                what: "positions",
+                expected: keys,
+                actual: at.len(),
+            }),
+            Positions::At(at) => match at.iter().map(|&p| p as usize).max() {
+                Some(max) if max >= rows => Err(Error::LengthMismatch {
+                    what,
+                    expected: (max + 1) * dim,
+                    actual: rows * dim,
+                }),
+                _ => Ok(()),
+            },
+        }
+    }
+}
+
+/// Checks that a flat buffer holds whole rows of `dim` and returns how many.
+fn rows_in(buffer: usize, dim: usize, what: &'static str, keys: usize) -> Result<usize> {
+    if buffer % dim != 0 {
+        return Err(Error::LengthMismatch {
+            what,
+            expected: keys * dim,
+            actual: buffer,
+        });
+    }
+    Ok(buffer / dim)
+}
+
+/// A lock-free, growable map from `u64` keys to rows of `dim` `f32`s.
+///
+/// All operations take a batch of keys; row buffers are flat (`dim` values
+/// per row). Safe to share between threads (`&Table` everywhere). Most users
+/// want [`Variable`](crate::Variable), which shards keys over several tables.
+pub struct Table {
+    index: Atomic<Index>,
+    rows: RowStore,
+    len: AtomicI64,
+    epoch: Epoch,
+}
+
+/// Per-batch state of a writing batch: the index it works in, its slot
+/// reservation and row ids, and counts to publish at the end.
+struct Writer<'t, 'g> {
+    table: &'t Table,
+    guard: &'g Guard,
+    index: Shared<'g, Index>,
+    budget: usize,
+    cache: RowCache,
+    inserted: i64,
+}
+
+impl<'t, 'g> Writer<'t, 'g> {
+    fn new(table: &'t Table, guard: &'g Guard) -> Self {
+        Writer {
+            table,
+            guard,
+            index: table.index.load(Ordering::Acquire, guard),
+            budget: 0,
+            cache: RowCache::default(),
+            inserted: 0,
+        }
+    }
+
+    fn index(&self) -> &'g Index {
+        // SAFETY: `index` was loaded from the table under `guard`; indexes are
+        // only freed through `defer_destroy` after being unlinked, so it
+        // stays valid while `guard` is pinned.
+        unsafe { self.index.deref() }
+    }
+
+    /// Finishes the migration out of the current index and moves to the
+    /// table's newest index.
+    fn catch_up(&mut self) {
+        self.table.help_migrate(self.index, self.guard);
+        self.index().unreserve(std::mem::take(&mut self.budget));
+        self.index = self.table.index.load(Ordering::Acquire, self.guard);
+    }
+
+    /// Row id of `key`, inserting it if absent. `fill(row)` writes the new
+    /// row's values (it runs only if the key was absent). Returns the row id
+    /// and whether this call inserted it.
+    fn find_or_insert(
+        &mut self,
+        key: u64,
+        hash: u64,
+        fill: impl FnOnce(u64),
+    ) -> Result<(u64, bool)> {
+        if let Some(row) = self.table.find(self.index(), key, hash, self.guard) {
+            return Ok((row, false));
+        }
+        let row = self.table.rows.take(&mut self.cache)?;
+        fill(row);
+        loop {
+            let rows = &self.table.rows;
+            match self
+                .index()
+                .insert(key, hash, row, &mut self.budget, || rows.mark_live(row))
+            {
+                Insert::Inserted => {
+                    self.inserted += 1;
+                    return Ok((row, true));
+                }
+                Insert::Found(existing) => {
+                    self.table.rows.put_back(&mut self.cache, row);
+                    return Ok((existing, false));
+                }
+                Insert::Migrating => self.catch_up(),
+                Insert::Full => {
+                    self.table.grow(self.index);
+                    self.catch_up();
+                }
+            }
+        }
+    }
+
+    /// Publishes the batch's counts and returns unused reservations and rows.
+    fn finish(self) {
+        self.index().unreserve(self.budget);
+        self.table.rows.release(self.cache);
+        self.table.len.fetch_add(self.inserted, Ordering::Relaxed);
+    }
+}
+
+impl Table {
+    /// An empty table for rows of `dim` values, with room for about
+    /// `capacity` keys before it first grows.
+    pub fn new(dim: usize, capacity: usize) -> Result<Table> {
+        if dim == 0 {
+            return Err(Error::InvalidArgument("dim must be at least 1".into()));
+        }
+        let slots = capacity.saturating_add(capacity / 7).max(MIN_CAPACITY);
+        Ok(Table {
+            index: Atomic::new(Index::with_capacity(slots)),
+            rows: RowStore::new(dim),
+            len: AtomicI64::new(0),
+            epoch: Epoch::new(),
+        })
+    }
+
+    /// Values per row.
+    pub fn dim(&self) -> usize {
+        self.rows.dim()
+    }
+
+    /// Number of keys (exact when no batch is in flight).
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed).max(0) as usize
+    }
+
+    /// True when the table holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Slots of the current index.
+    pub fn capacity(&self) -> usize {
+        let guard = self.epoch.pin();
+        self.current(&guard).capacity()
+    }
+
+    /// Bytes held by the index (including one being migrated into) and rows.
+    pub fn memory_bytes(&self) -> usize {
+        let guard = self.epoch.pin();
+        let current = self.current(&guard);
+        let next = current.next.load(Ordering::Acquire, &guard);
+        // SAFETY: loaded under `guard`; see `Writer::index`.
+        let next_bytes = unsafe { next.as_ref() }.map_or(0, Index::memory_bytes);
+        current.memory_bytes() + next_bytes + self.rows.memory_bytes()
+    }
+
+    fn current<'g>(&self, guard: &'g Guard) -> &'g Index {
+        // SAFETY: the table always has an index; it is valid while `guard`
+        // is pinned (see `Writer::index`).
+        unsafe { self.index.load(Ordering::Acquire, guard).deref() }
+    }
+
+    /// Row id of `key`, following the migration chain from `index`.
+    #[inline]
+    fn find<'g>(&self, mut index: &'g Index, key: u64, hash: u64, guard: &'g Guard) -> Option<u64> {
+        loop {
+            if let Some(row) = index.find(key, hash) {
+                return Some(row);
+            }
+            let next = index.next.load(Ordering::Acquire, guard);
+            // SAFETY: `next` is only freed after it has been unlinked from
+            // the table and retired, which happens after `index` was retired;
+            // `guard` was pinned before we read `index`, so both are alive.
+            index = unsafe { next.as_ref() }?;
+        }
+    }
+
+    /// Starts a migration out of `old` (if none has started) into an index
+    /// sized for twice its live keys.
+    fn grow(&self, old: Shared<'_, Index>) {
+        // SAFETY: loaded under a guard the caller holds (see `Writer::index`).
+        let old = unsafe { old.deref() };
+        if let Some(live_bound) = old.close() {
+            let capacity = live_bound.saturating_mul(2).max(MIN_CAPACITY);
+            old.next.store(
+                Owned::new(Index::with_capacity(capacity)),
+                Ordering::Release,
+            );
+        }
+    }
+
+    /// Helps migrate `old` into its `next` until every group has moved, then
+    /// makes `next` the table's index and retires `old`.
+    fn help_migrate(&self, old_ptr: Shared<'_, Index>, guard: &Guard) {
+        // SAFETY: loaded under `guard` (see `Writer::index`).
+        let old = unsafe { old_ptr.deref() };
+        let spin = Spin::new();
+        let next_ptr = loop {
+            let next = old.next.load(Ordering::Acquire, guard);
+            if !next.is_null() {
+                break next;
+            }
+            if !old.is_closed() {
+                return;
+            }
+            // The thread that closed the index is allocating `next`.
+            spin.wait();
+        };
+        // SAFETY: as in `Table::find`.
+        let next = unsafe { next_ptr.deref() };
+        while let Some(groups) = old.claim_migration_chunk() {
+            let count = groups.len();
+            let copied: usize = groups.map(|g| old.migrate_group(g, next)).sum();
+            next.add_used(copied);
+            old.finish_migration_chunk(count);
+        }
+        while !old.migration_complete() {
+            spin.wait();
+        }
+        if self
+            .index
+            .compare_exchange(
+                old_ptr,
+                next_ptr,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+                guard,
+            )
+            .is_ok()
+        {
+            // SAFETY: `old` is no longer reachable from the table (only from
+            // indexes retired before it, which readers reach only while
+            // pinned); it is freed after every current pin ends.
+            unsafe { guard.defer_destroy(old_ptr) };
+            guard.flush();
+        }
+    }
+
+    /// Copies the rows of `keys` into `out`. Missing keys get `on_miss(i,
+    /// key, row)` to fill their row instead. Never inserts.
+    pub fn lookup(
+        &self,
+        keys: &[u64],
+        positions: Positions<'_>,
+        out: &mut [f32],
+        mut on_miss: impl FnMut(usize, u64, &mut [f32]),
+    ) -> Result<()> {
+        let dim = self.dim();
+        let rows = rows_in(out.len(), dim, "out", keys.len())?;
+        positions.check(keys.len(), rows, "out", dim)?;
+        let guard = self.epoch.pin();
+        let index = self.current(&guard);
+        let mut hashes = [0u64; CHUNK];
+        let mut found = [MISSING; CHUNK];
+        for (chunk_no, chunk) in keys.chunks(CHUNK).enumerate() {
+            let base = chunk_no * CHUNK;
+            for (h, &key) in hashes.iter_mut().zip(chunk) {
+                *h = hash_key(key);
+            }
+            for h in &hashes[..chunk.len().min(TAG_PREFETCH)] {
+                prefetch(index.tags_address(*h));
+            }
+            for (i, &key) in chunk.iter().enumerate() {
+                if let Some(ahead) = hashes[..chunk.len()].get(i + TAG_PREFETCH) {
+                    prefetch(index.tags_address(*ahead));
+                }
+                found[i] = self.find(index, key, hashes[i], &guard).unwrap_or(MISSING);
+            }
+            for &row in &found[..chunk.len().min(ROW_PREFETCH)] {
+                self.prefetch_row(row);
+            }
+            for (i, &key) in chunk.iter().enumerate() {
+                if let Some(&ahead) = found[..chunk.len()].get(i + ROW_PREFETCH) {
+                    self.prefetch_row(ahead);
+                }
+                let at = positions.of(base + i) * dim;
+                let dst = &mut out[at..at + dim];
+                match found[i] {
+                    MISSING => on_miss(base + i, key, dst),
+                    row => self.rows.read(row, dst),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn prefetch_row(&self, row: u64) {
+        if row != MISSING {
+            let (address, bytes) = self.rows.row_span(row);
+            prefetch_span(address, bytes);
+        }
+    }
+
+    /// Copies the rows of `keys` into `out`, inserting missing keys with the
+    /// row `init(key, row)` writes.
+    pub fn lookup_or_insert(
+        &self,
+        keys: &[u64],
+        positions: Positions<'_>,
+        out: &mut [f32],
+        mut init: impl FnMut(u64, &mut [f32]),
+    ) -> Result<()> {
+        let dim = self.dim();
+        let rows = rows_in(out.len(), dim, "out", keys.len())?;
+        positions.check(keys.len(), rows, "out", dim)?;
+        self.write_batch(keys, |writer, i, key, hash| {
+            let at = positions.of(i) * dim;
+            let dst = &mut out[at..at + dim];
+            let (row, inserted) = writer.find_or_insert(key, hash, |row| {
+                init(key, dst);
+                self.rows.write_fresh(row, key, dst);
+            })?;
+            if !inserted {
+                self.rows.read(row, dst);
+            }
+            Ok(())
+        })
+    }
+
+    /// Sets the rows of `keys` to `values`, inserting absent keys. A key
+    /// repeated in the batch ends with its last row.
+    pub fn upsert(&self, keys: &[u64], positions: Positions<'_>, values: &[f32]) -> Result<()> {
+        let dim = self.dim();
+        let rows = rows_in(values.len(), dim, "values", keys.len())?;
+        positions.check(keys.len(), rows, "values", dim)?;
+        self.write_batch(keys, |writer, i, key, hash| {
+            let at = positions.of(i) * dim;
+            let src = &values[at..at + dim];
+            let (row, inserted) = writer.find_or_insert(key, hash, |row| {
+                self.rows.write_fresh(row, key, src);
+            })?;
+            if !inserted {
+                self.rows.update(row, |words| store_row(words, src));
+            }
+            Ok(())
+        })
+    }
+
+    /// TFRA `bp_v2` accumulation: for key `i` with `exists[pos(i)]`, a present
+    /// key gets `row += delta`, an absent one is ignored; without it, an absent
+    /// key is inserted with `delta` as its row and a present one is ignored —
+    /// unless this same batch inserted it, in which case the delta is added
+    /// (every delta of a key repeated in one batch counts).
+    pub fn accum(
+        &self,
+        keys: &[u64],
+        positions: Positions<'_>,
+        deltas: &[f32],
+        exists: &[bool],
+    ) -> Result<()> {
+        let dim = self.dim();
+        let rows = rows_in(deltas.len(), dim, "deltas", keys.len())?;
+        positions.check(keys.len(), rows, "deltas", dim)?;
+        if exists.len() != rows {
+            return Err(Error::LengthMismatch {
+                what: "exists",
+                expected: rows,
+                actual: exists.len(),
+            });
+        }
+        let mut inserted_here = HashSet::with_hasher(ahash::RandomState::with_seeds(1, 2, 3, 4));
+        self.write_batch(keys, |writer, i, key, hash| {
+            let p = positions.of(i);
+            let delta = &deltas[p * dim..(p + 1) * dim];
+            if exists[p] {
+                if let Some(row) = self.find(writer.index(), key, hash, writer.guard) {
+                    self.rows.update(row, |words| axpy_row(words, 1.0, delta));
+                }
+                return Ok(());
+            }
+            let (row, inserted) = writer.find_or_insert(key, hash, |row| {
+                self.rows.write_fresh(row, key, delta);
+            })?;
+            if inserted {
+                inserted_here.insert(key);
+            } else if inserted_here.contains(&key) {
+                self.rows.update(row, |words| axpy_row(words, 1.0, delta));
+            }
+            Ok(())
+        })
+    }
+
+    /// Runs `op(writer, i, key, hash)` for every key of a batch under one
+    /// pin, with the key's tag group prefetched ahead.
+    fn write_batch(
+        &self,
+        keys: &[u64],
+        mut op: impl FnMut(&mut Writer<'_, '_>, usize, u64, u64) -> Result<()>,
+    ) -> Result<()> {
+        let guard = self.epoch.pin();
+        let mut writer = Writer::new(self, &guard);
+        let mut hashes = [0u64; CHUNK];
+        let mut result = Ok(());
+        'chunks: for (chunk_no, chunk) in keys.chunks(CHUNK).enumerate() {
+            for (h, &key) in hashes.iter_mut().zip(chunk) {
+                *h = hash_key(key);
+            }
+            for h in &hashes[..chunk.len().min(TAG_PREFETCH)] {
+                prefetch(writer.index().tags_address(*h));
+            }
+            for (i, &key) in chunk.iter().enumerate() {
+                if let Some(ahead) = hashes[..chunk.len()].get(i + TAG_PREFETCH) {
+                    prefetch(writer.index().tags_address(*ahead));
+                }
+                if let Err(e) = op(&mut writer, chunk_no * CHUNK + i, key, hashes[i]) {
+                    result = Err(e);
+                    break 'chunks;
+                }
+            }
+        }
+        writer.finish();
+        result
+    }
+
+    /// Removes `keys` (absent keys are ignored); returns how many were removed.
+    pub fn remove(&self, keys: &[u64]) -> usize {
+        let guard = self.epoch.pin();
+        let mut index_ptr = self.index.load(Ordering::Acquire, &guard);
+        let mut retired = Vec::new();
+        let mut deleted_here = 0;
+        for &key in keys {
+            let hash = hash_key(key);
+            loop {
+                // SAFETY: loaded under `guard` (see `Writer::index`).
+                let index = unsafe { index_ptr.deref() };
+                match index.remove(key, hash) {
+                    Remove::Removed(row) => {
+                        self.rows.mark_dead(row);
+                        retired.push(row);
+                        deleted_here += 1;
+                        break;
+                    }
+                    Remove::Absent => break,
+                    Remove::Migrating => {
+                        index.add_deleted(std::mem::take(&mut deleted_here));
+                        self.help_migrate(index_ptr, &guard);
+                        index_ptr = self.index.load(Ordering::Acquire, &guard);
+                    }
+                }
+            }
+        }
+        // SAFETY: loaded under `guard` (see `Writer::index`).
+        unsafe { index_ptr.deref() }.add_deleted(deleted_here);
+        let removed = retired.len();
+        self.len.fetch_sub(removed as i64, Ordering::Relaxed);
+        self.rows.retire(&guard, retired);
+        guard.flush();
+        removed
+    }
+
+    /// Removes every key present when the scan reaches it (keys inserted
+    /// concurrently may stay).
+    pub fn clear(&self) {
+        let mut start = 0;
+        loop {
+            let (keys, _, next) = self.export_range(start, 4096, false);
+            self.remove(&keys);
+            if next >= self.rows.high_water() {
+                break;
+            }
+            start = next;
+        }
+    }
+
+    /// Scans row ids from `start` and returns up to `max_rows` live rows (keys,
+    /// and values when `with_values`), plus the row id to continue from. The
+    /// scan ends at the high-water mark: `next == end_of_rows()` then.
+    pub fn export_range(
+        &self,
+        start: u64,
+        max_rows: usize,
+        with_values: bool,
+    ) -> (Vec<u64>, Vec<f32>, u64) {
+        let dim = self.dim();
+        let _guard = self.epoch.pin();
+        let end = self.rows.high_water();
+        let mut keys = Vec::with_capacity(max_rows.min(1 << 16));
+        let mut values = Vec::with_capacity(if with_values {
+            keys.capacity() * dim
+        } else {
+            0
+        });
+        let mut row_buf = vec![0.0; dim];
+        let mut row = start;
+        while row < end && keys.len() < max_rows {
+            if row + (ROW_PREFETCH as u64) < end {
+                let (address, bytes) = self.rows.row_span(row + ROW_PREFETCH as u64);
+                prefetch_span(address, bytes);
+            }
+            if let Some(key) = self.rows.read_live(row, &mut row_buf) {
+                keys.push(key);
+                if with_values {
+                    values.extend_from_slice(&row_buf);
+                }
+            }
+            row += 1;
+        }
+        (keys, values, row)
+    }
+
+    /// One past the largest row id in use: where an export scan ends.
+    pub fn end_of_rows(&self) -> u64 {
+        self.rows.high_water()
+    }
+}
+
+impl Drop for Table {
+    fn drop(&mut self) {
+        // SAFETY: `&mut self`: no other thread can reach the indexes any
+        // more; retired ones are owned by the collector, the current one and
+        // any migration target by us.
+        unsafe {
+            let guard = crossbeam_epoch::unprotected();
+            let mut index = self.index.load(Ordering::Relaxed, guard);
+            while !index.is_null() {
+                let next = index.deref().next.load(Ordering::Relaxed, guard);
+                drop(index.into_owned());
+                index = next;
+            }
+        }
+        self.epoch.release_thread_handle();
+    }
+}

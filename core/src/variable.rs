@@ -1,0 +1,442 @@
+//! [`Variable`]: a sharded dynamic embedding table, TFRA's
+//! `dynamic_embedding.Variable`.
+//!
+//! A variable owns `shards` [`Table`]s (TFRA's `devices`); a [`Partitioner`]
+//! sends each key to one of them. Every operation takes a batch of keys and
+//! flat row buffers (`dim` values per key). A batch is split by shard first,
+//! so a bad shard from a custom partitioner fails the whole call before
+//! anything changes; each shard's share is then processed under one epoch pin.
+//!
+//! Semantics follow TFRA:
+//! - [`Variable::lookup`] never inserts; a missing key reads the
+//!   initializer's row (deterministic per key for random initializers), and
+//!   [`Variable::lookup_or_insert`] stores exactly that row;
+//! - [`Variable::accum`] follows `bp_v2`'s truth table so concurrent workers
+//!   add their updates instead of overwriting each other;
+//! - inputs are checked up front: a length that does not match `keys.len() *
+//!   dim`, or a NaN/infinite value or delta, is an [`Error`] and changes
+//!   nothing.
+//!
+//! Decisions where TFRA is silent: keys repeated in one `accum` batch all
+//! count (a key the batch itself inserted gets the later deltas added);
+//! `export` is not a snapshot: a key present throughout appears exactly once,
+//! keys inserted or removed meanwhile may or may not appear, and a key removed
+//! and re-inserted meanwhile may appear twice. `size` is exact when no batch
+//! is in flight.
+
+use crate::raw::kernels::first_non_finite;
+use crate::raw::{Positions, Table};
+use crate::{Error, Initializer, Key, Partitioner, Result};
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+/// A dynamic embedding table: rows of `dim` `f32`s keyed by `K`, sharded,
+/// growing as keys arrive. Clones share the same tables.
+pub struct Variable<K: Key> {
+    inner: Arc<Inner>,
+    _key: PhantomData<fn() -> K>,
+}
+
+struct Inner {
+    name: String,
+    dim: usize,
+    shards: Vec<Table>,
+    partitioner: Partitioner,
+    initializer: Initializer,
+    trainable: bool,
+    checkpoint: bool,
+}
+
+impl<K: Key> Clone for Variable<K> {
+    fn clone(&self) -> Self {
+        Variable {
+            inner: Arc::clone(&self.inner),
+            _key: PhantomData,
+        }
+    }
+}
+
+impl<K: Key> std::fmt::Debug for Variable<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Variable")
+            .field("name", &self.inner.name)
+            .field("key", &K::TYPE_NAME)
+            .field("dim", &self.inner.dim)
+            .field("shards", &self.inner.shards.len())
+            .field("size", &self.size())
+            .finish()
+    }
+}
+
+/// Settings of a [`Variable`] to build. Defaults: dim 1, one shard,
+/// [`Partitioner::Modulo`], [`Initializer::Zeros`], trainable, checkpointed.
+#[derive(Debug, Clone)]
+pub struct VariableBuilder<K: Key> {
+    name: String,
+    dim: usize,
+    shards: usize,
+    partitioner: Partitioner,
+    initializer: Initializer,
+    init_size: usize,
+    trainable: bool,
+    checkpoint: bool,
+    _key: PhantomData<fn() -> K>,
+}
+
+impl<K: Key> VariableBuilder<K> {
+    /// Values per row (default 1; 0 is an error at build).
+    pub fn dim(mut self, dim: usize) -> Self {
+        self.dim = dim;
+        self
+    }
+
+    /// Number of shards, TFRA's `devices` (default 1; 0 is an error at build).
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = shards;
+        self
+    }
+
+    /// How keys are spread over shards (default [`Partitioner::Modulo`]).
+    pub fn partitioner(mut self, partitioner: Partitioner) -> Self {
+        self.partitioner = partitioner;
+        self
+    }
+
+    /// How rows of missing keys are made (default [`Initializer::Zeros`]).
+    pub fn initializer(mut self, initializer: Initializer) -> Self {
+        self.initializer = initializer;
+        self
+    }
+
+    /// Capacity hint in rows, split across shards: the tables do not grow
+    /// before holding about this many keys.
+    pub fn init_size(mut self, rows: usize) -> Self {
+        self.init_size = rows;
+        self
+    }
+
+    /// Whether optimizers train this variable (default true).
+    pub fn trainable(mut self, yes: bool) -> Self {
+        self.trainable = yes;
+        self
+    }
+
+    /// Whether checkpoints save this variable (default true).
+    pub fn checkpoint(mut self, yes: bool) -> Self {
+        self.checkpoint = yes;
+        self
+    }
+
+    /// The variable's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Checks the settings and creates the variable's tables.
+    pub fn build(self) -> Result<Variable<K>> {
+        if self.dim == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "variable {:?}: dim must be at least 1, got 0",
+                self.name
+            )));
+        }
+        if self.shards == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "variable {:?}: shards must be at least 1, got 0",
+                self.name
+            )));
+        }
+        self.initializer.validate(self.dim)?;
+        let per_shard = self.init_size.div_ceil(self.shards);
+        let shards = (0..self.shards)
+            .map(|_| Table::new(self.dim, per_shard))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Variable {
+            inner: Arc::new(Inner {
+                name: self.name,
+                dim: self.dim,
+                shards,
+                partitioner: self.partitioner,
+                initializer: self.initializer,
+                trainable: self.trainable,
+                checkpoint: self.checkpoint,
+            }),
+            _key: PhantomData,
+        })
+    }
+}
+
+/// A batch's keys as bits, split by shard.
+enum Split {
+    /// One shard: every key, in batch order.
+    One(Vec<u64>),
+    /// Per shard: its keys and their positions in the batch.
+    Many(Vec<(Vec<u64>, Vec<u32>)>),
+}
+
+fn check_len(what: &'static str, expected: usize, actual: usize) -> Result<()> {
+    if expected == actual {
+        Ok(())
+    } else {
+        Err(Error::LengthMismatch {
+            what,
+            expected,
+            actual,
+        })
+    }
+}
+
+fn check_finite(what: &'static str, values: &[f32]) -> Result<()> {
+    match first_non_finite(values) {
+        None => Ok(()),
+        Some(index) => Err(Error::NonFinite {
+            what,
+            index,
+            value: values[index],
+        }),
+    }
+}
+
+impl<K: Key> Variable<K> {
+    /// Starts building a variable called `name`.
+    pub fn builder(name: impl Into<String>) -> VariableBuilder<K> {
+        VariableBuilder {
+            name: name.into(),
+            dim: 1,
+            shards: 1,
+            partitioner: Partitioner::Modulo,
+            initializer: Initializer::Zeros,
+            init_size: 0,
+            trainable: true,
+            checkpoint: true,
+            _key: PhantomData,
+        }
+    }
+
+    /// The variable's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Values per row.
+    pub fn dim(&self) -> usize {
+        self.inner.dim
+    }
+
+    /// Number of shards.
+    pub fn num_shards(&self) -> usize {
+        self.inner.shards.len()
+    }
+
+    /// Whether optimizers train this variable.
+    pub fn trainable(&self) -> bool {
+        self.inner.trainable
+    }
+
+    /// Whether checkpoints save this variable.
+    pub fn checkpoint(&self) -> bool {
+        self.inner.checkpoint
+    }
+
+    /// The initializer of missing keys.
+    pub fn initializer(&self) -> &Initializer {
+        &self.inner.initializer
+    }
+
+    /// The partitioner of keys over shards.
+    pub fn partitioner(&self) -> &Partitioner {
+        &self.inner.partitioner
+    }
+
+    fn split(&self, keys: &[K]) -> Result<Split> {
+        let shards = self.inner.shards.len();
+        if shards == 1 {
+            return Ok(Split::One(keys.iter().map(|k| k.to_bits()).collect()));
+        }
+        if keys.len() > u32::MAX as usize {
+            return Err(Error::InvalidArgument(format!(
+                "a sharded batch holds at most {} keys, got {}",
+                u32::MAX,
+                keys.len()
+            )));
+        }
+        let mut parts: Vec<(Vec<u64>, Vec<u32>)> = (0..shards)
+            .map(|_| {
+                let guess = keys.len() / shards + 16;
+                (Vec::with_capacity(guess), Vec::with_capacity(guess))
+            })
+            .collect();
+        for (i, &key) in keys.iter().enumerate() {
+            let shard = self.inner.partitioner.shard_of(key, shards)?;
+            parts[shard].0.push(key.to_bits());
+            parts[shard].1.push(i as u32);
+        }
+        Ok(Split::Many(parts))
+    }
+
+    /// Runs `op(table, keys, positions)` on every shard's share of a batch.
+    fn each_shard(
+        &self,
+        keys: &[K],
+        mut op: impl FnMut(&Table, &[u64], Positions<'_>) -> Result<()>,
+    ) -> Result<()> {
+        match self.split(keys)? {
+            Split::One(bits) => op(&self.inner.shards[0], &bits, Positions::Dense),
+            Split::Many(parts) => {
+                for (table, (bits, at)) in self.inner.shards.iter().zip(&parts) {
+                    if !bits.is_empty() {
+                        op(table, bits, Positions::At(at))?;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Copies the rows of `keys` into `out` (`keys.len() * dim` values).
+    /// Missing keys get the initializer's row. Never inserts.
+    pub fn lookup(&self, keys: &[K], out: &mut [f32]) -> Result<()> {
+        check_len("out", keys.len() * self.dim(), out.len())?;
+        let init = &self.inner.initializer;
+        self.each_shard(keys, |table, bits, at| {
+            table.lookup(bits, at, out, |_, key, row| init.fill(key, row))
+        })
+    }
+
+    /// [`Variable::lookup`], also telling which keys were present.
+    pub fn lookup_with_exists(
+        &self,
+        keys: &[K],
+        out: &mut [f32],
+        exists: &mut [bool],
+    ) -> Result<()> {
+        check_len("out", keys.len() * self.dim(), out.len())?;
+        check_len("exists", keys.len(), exists.len())?;
+        exists.fill(true);
+        let init = &self.inner.initializer;
+        self.each_shard(keys, |table, bits, at| {
+            table.lookup(bits, at, out, |i, key, row| {
+                let position = match at {
+                    Positions::Dense => i,
+                    Positions::At(at) => at[i] as usize,
+                };
+                exists[position] = false;
+                init.fill(key, row);
+            })
+        })
+    }
+
+    /// Training read: copies the rows of `keys` into `out`, inserting missing
+    /// keys with the initializer's row.
+    pub fn lookup_or_insert(&self, keys: &[K], out: &mut [f32]) -> Result<()> {
+        check_len("out", keys.len() * self.dim(), out.len())?;
+        let init = &self.inner.initializer;
+        self.each_shard(keys, |table, bits, at| {
+            table.lookup_or_insert(bits, at, out, |key, row| init.fill(key, row))
+        })
+    }
+
+    /// Sets the rows of `keys` to `values` (`keys.len() * dim`), inserting
+    /// absent keys. A key repeated in one batch: the last one wins.
+    pub fn upsert(&self, keys: &[K], values: &[f32]) -> Result<()> {
+        check_len("values", keys.len() * self.dim(), values.len())?;
+        check_finite("values", values)?;
+        self.each_shard(keys, |table, bits, at| table.upsert(bits, at, values))
+    }
+
+    /// TFRA `bp_v2` accumulation. For each key: present and `exists[i]` →
+    /// `row += delta`; absent and not `exists[i]` → insert `delta` as the row;
+    /// otherwise ignored (the key was removed, or inserted by another writer,
+    /// since the caller looked it up). A key repeated in one batch adds every
+    /// delta.
+    pub fn accum(&self, keys: &[K], deltas: &[f32], exists: &[bool]) -> Result<()> {
+        check_len("deltas", keys.len() * self.dim(), deltas.len())?;
+        check_len("exists", keys.len(), exists.len())?;
+        check_finite("deltas", deltas)?;
+        self.each_shard(keys, |table, bits, at| {
+            table.accum(bits, at, deltas, exists)
+        })
+    }
+
+    /// Removes `keys`; absent keys are ignored.
+    pub fn remove(&self, keys: &[K]) -> Result<()> {
+        self.each_shard(keys, |table, bits, _| {
+            table.remove(bits);
+            Ok(())
+        })
+    }
+
+    /// Removes every key.
+    pub fn clear(&self) {
+        for table in &self.inner.shards {
+            table.clear();
+        }
+    }
+
+    /// Number of keys over all shards.
+    pub fn size(&self) -> usize {
+        self.inner.shards.iter().map(Table::len).sum()
+    }
+
+    /// Number of keys in one shard.
+    pub fn shard_size(&self, shard: usize) -> Result<usize> {
+        let shards = self.num_shards();
+        self.inner
+            .shards
+            .get(shard)
+            .map(Table::len)
+            .ok_or(Error::UnknownShard { shard, shards })
+    }
+
+    /// Every key and its row (`dim` values per key, in the same order); order
+    /// unspecified.
+    pub fn export(&self) -> Result<(Vec<K>, Vec<f32>)> {
+        let mut keys = Vec::with_capacity(self.size());
+        let mut values = Vec::with_capacity(self.size() * self.dim());
+        for chunk in self.export_chunks(1 << 16) {
+            let (k, v) = chunk?;
+            keys.extend(k);
+            values.extend(v);
+        }
+        Ok((keys, values))
+    }
+
+    /// Streams every key and row in chunks of at most `rows_per_chunk` rows,
+    /// so exporting needs memory for one chunk only.
+    pub fn export_chunks(
+        &self,
+        rows_per_chunk: usize,
+    ) -> impl Iterator<Item = Result<(Vec<K>, Vec<f32>)>> + '_ {
+        let mut shard = 0;
+        let mut next_row = 0;
+        let mut failed = false;
+        std::iter::from_fn(move || {
+            if failed {
+                return None;
+            }
+            if rows_per_chunk == 0 {
+                failed = true;
+                return Some(Err(Error::InvalidArgument(
+                    "rows_per_chunk must be at least 1".into(),
+                )));
+            }
+            while let Some(table) = self.inner.shards.get(shard) {
+                let (bits, values, next) = table.export_range(next_row, rows_per_chunk, true);
+                next_row = next;
+                if next_row >= table.end_of_rows() {
+                    shard += 1;
+                    next_row = 0;
+                }
+                if !bits.is_empty() {
+                    return Some(Ok((bits.into_iter().map(K::from_bits).collect(), values)));
+                }
+            }
+            None
+        })
+    }
+
+    /// Bytes held by the variable's indexes and rows.
+    pub fn memory_bytes(&self) -> usize {
+        self.inner.shards.iter().map(Table::memory_bytes).sum()
+    }
+}
