@@ -64,7 +64,7 @@ fn concurrent_accum_sums_are_exact() {
     let dim = 8;
     let n = 200_000usize;
     let batch = 256usize;
-    let passes = 2usize;
+    let passes = 3usize;
     let var = Variable::<u64>::builder("sums")
         .dim(dim)
         .shards(1)
@@ -133,9 +133,15 @@ fn concurrent_accum_sums_are_exact() {
 
 #[test]
 fn concurrent_accum_inserts_have_exactly_one_winner() {
+    // Fresh tables (init_size 1) each round, with small and large batches.
+    for (round, batch) in [(0i64, 128usize), (1, 9), (2, 1000), (3, 1)] {
+        insert_race(round, batch);
+    }
+}
+
+fn insert_race(round: i64, batch: usize) {
     let dim = 5;
-    let n = 60_000usize;
-    let batch = 128usize;
+    let n = if batch == 1 { 20_000usize } else { 80_000 };
     let var = Variable::<i64>::builder("race")
         .dim(dim)
         .shards(2)
@@ -144,7 +150,13 @@ fn concurrent_accum_inserts_have_exactly_one_winner() {
         .build()
         .unwrap();
     let keys: Vec<i64> = (0..n as i64)
-        .map(|i| if i % 2 == 0 { -i } else { i << 20 })
+        .map(|i| {
+            if i % 2 == 0 {
+                -i - round
+            } else {
+                (i << 20) + round
+            }
+        })
         .collect();
 
     std::thread::scope(|s| {
@@ -184,7 +196,8 @@ fn concurrent_accum_inserts_have_exactly_one_winner() {
         assert_uniform("insert race", keys[i], row);
         assert!(
             winners.contains(&row[0]),
-            "key {}: {row:?} is not one thread's insert (one of {winners:?})",
+            "round {round} (batch {batch}): key {}: {row:?} is not one thread's insert \
+             (one of {winners:?})",
             keys[i]
         );
     }
@@ -194,7 +207,7 @@ fn concurrent_accum_inserts_have_exactly_one_winner() {
 
 fn torn_row_check(dim: usize) {
     let hot = 64u32;
-    let grow_per_writer = 50_000u32;
+    let grow_per_writer = 100_000u32;
     let writers = 2u32;
     let batch = 100u32;
     let var = Variable::<u32>::builder("torn")
@@ -248,7 +261,7 @@ fn torn_row_check(dim: usize) {
             s.spawn(move || {
                 let deltas = vec![1.0f32; hot_keys.len() * dim];
                 let flags = vec![true; hot_keys.len()];
-                for _ in 0..3_000 {
+                for _ in 0..10_000 {
                     var.accum(hot_keys, &deltas, &flags).unwrap();
                 }
                 if writers_left.fetch_sub(1, Ordering::AcqRel) == 1 {
@@ -335,10 +348,17 @@ fn readers_never_see_torn_rows_dim_17() {
 
 #[test]
 fn no_key_is_lost_through_resizes() {
+    // Fresh tables each round; small batches interleave more often with a
+    // resize in progress.
+    for batch in [500usize, 61, 7] {
+        no_key_lost_round(batch);
+    }
+}
+
+fn no_key_lost_round(batch: usize) {
     let dim = 4;
     let inserters = 2usize;
     let per_inserter = 80_000usize;
-    let batch = 500usize;
     let removable = 40_000usize;
     let make = |name: &str| {
         Variable::<i64>::builder(name)
@@ -383,10 +403,15 @@ fn no_key_is_lost_through_resizes() {
                 let mut out = vec![0.0f32; batch * dim];
                 let mut j = 0;
                 while j < per_inserter {
-                    let keys: Vec<i64> = (j..j + batch).map(|j| ins_key(i, j)).collect();
-                    var.lookup_or_insert(&keys, &mut out).unwrap();
-                    assert_eq!(out, expected(&keys), "inserter {i}: lookup_or_insert rows");
-                    j += batch;
+                    let len = batch.min(per_inserter - j);
+                    let keys: Vec<i64> = (j..j + len).map(|j| ins_key(i, j)).collect();
+                    var.lookup_or_insert(&keys, &mut out[..len * dim]).unwrap();
+                    assert_eq!(
+                        out[..len * dim],
+                        expected(&keys),
+                        "inserter {i}: lookup_or_insert rows (batch {batch})"
+                    );
+                    j += len;
                     watermarks[i].store(j, Ordering::Release);
                 }
                 active.fetch_sub(1, Ordering::AcqRel);
@@ -395,7 +420,7 @@ fn no_key_is_lost_through_resizes() {
         {
             let (var, to_remove, active) = (&var, &to_remove, &active);
             s.spawn(move || {
-                for (n, chunk) in to_remove.chunks(200).enumerate() {
+                for (n, chunk) in to_remove.chunks(batch.min(200)).enumerate() {
                     var.remove(chunk).unwrap();
                     // Removing absent keys again, and keys never inserted, is a no-op.
                     if n % 4 == 0 {
@@ -416,8 +441,8 @@ fn no_key_is_lost_through_resizes() {
                 while active.load(Ordering::Acquire) > 0 || rounds < 10 {
                     // Keys whose insert has returned must be visible with their row.
                     let mut keys = Vec::with_capacity(64);
-                    for i in 0..inserters {
-                        let w = watermarks[i].load(Ordering::Acquire);
+                    for (i, mark) in watermarks.iter().enumerate() {
+                        let w = mark.load(Ordering::Acquire);
                         if w > 0 {
                             for _ in 0..24 {
                                 keys.push(ins_key(i, rng.below(w)));
@@ -435,7 +460,10 @@ fn no_key_is_lost_through_resizes() {
                     var.lookup_with_exists(&keys, &mut out, &mut exists)
                         .unwrap();
                     for (j, &k) in keys.iter().enumerate() {
-                        assert!(exists[j], "key {k} missing while the table grows");
+                        assert!(
+                            exists[j],
+                            "key {k} missing while the table grows (batch {batch})"
+                        );
                     }
                     assert_eq!(out, expected(&keys), "rows read during growth");
                     rounds += 1;
@@ -490,8 +518,8 @@ fn mixed_operations_keep_exact_per_thread_state() {
     let dim = 8;
     let shared_n = 256i64;
     let shared_base = -1_000_000i64;
-    let iterations = 1_200usize;
-    let frontier_step = 40usize;
+    let iterations = 2_500usize;
+    let frontier_step = 20usize;
     let var = Variable::<i64>::builder("mixed")
         .dim(dim)
         .shards(3)

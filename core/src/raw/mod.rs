@@ -12,6 +12,8 @@
 mod epoch;
 pub(crate) mod index;
 pub mod kernels;
+#[cfg(all(test, loom))]
+mod loom_models;
 mod rows;
 mod sync;
 mod table;

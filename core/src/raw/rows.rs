@@ -112,20 +112,30 @@ impl Column {
         }
     }
 
-    /// The words of `row`. The row's segment must have been allocated by
-    /// [`Column::ensure`] (row ids are only handed out after that).
+    /// The words of `row`, or `None` if its segment is not allocated yet (a
+    /// scan up to the high-water mark can run ahead of a fresh batch of ids).
     #[inline]
-    pub(crate) fn row(&self, row: u64) -> &[AtomicU64] {
+    pub(crate) fn try_row(&self, row: u64) -> Option<&[AtomicU64]> {
         let (segment, offset) = Self::locate(row);
-        let base = self.segments[segment].load(Ordering::Acquire);
-        assert!(!base.is_null(), "row {row} is outside the allocated arena");
+        let base = self.segments.get(segment)?.load(Ordering::Acquire);
+        if base.is_null() {
+            return None;
+        }
         // SAFETY: the segment was allocated zeroed for `1 << (segment + SHIFT)`
         // rows of `words_per_row` words (zero is a valid AtomicU64), `offset`
         // is below that row count by construction of `locate`, and segments
         // are only freed in `drop`, which has `&mut self`.
-        unsafe {
+        Some(unsafe {
             std::slice::from_raw_parts(base.add(offset * self.words_per_row), self.words_per_row)
-        }
+        })
+    }
+
+    /// The words of `row`, whose segment must have been allocated by
+    /// [`Column::ensure`] (row ids are only handed out after that).
+    #[inline]
+    pub(crate) fn row(&self, row: u64) -> &[AtomicU64] {
+        self.try_row(row)
+            .unwrap_or_else(|| panic!("row {row} is outside the allocated arena"))
     }
 
     /// Address of a row, for prefetching (null if its segment is missing).
@@ -248,11 +258,6 @@ impl RowStore {
         guard.defer(move || free.push(rows));
     }
 
-    fn header(&self, row: u64) -> (&AtomicU64, &[AtomicU64]) {
-        let words = self.main.row(row);
-        (&words[0], &words[HEADER_WORDS..])
-    }
-
     /// Locks a row for writing; returns the state before locking.
     fn lock(state: &AtomicU64) -> u64 {
         let backoff = Backoff::new();
@@ -318,12 +323,11 @@ impl RowStore {
         self.write(row, None, |_, words| update(words));
     }
 
-    /// Seqlock read: copies the row's values into `out` and returns the state
-    /// and key they belong to. Never returns a torn row.
+    /// Seqlock read of one row's words: copies the values into `out` and
+    /// returns the state and key they belong to. Never returns a torn row.
     #[inline]
-    fn read_consistent(&self, row: u64, out: &mut [f32]) -> (u64, u64) {
-        let (state, values) = self.header(row);
-        let key_word = &self.main.row(row)[1];
+    fn read_consistent(words: &[AtomicU64], out: &mut [f32]) -> (u64, u64) {
+        let (state, key_word, values) = (&words[0], &words[1], &words[HEADER_WORDS..]);
         let backoff = Backoff::new();
         loop {
             let before = state.load(Ordering::Acquire);
@@ -343,12 +347,14 @@ impl RowStore {
     /// Copies the row's values into `out` (`out.len() == dim`).
     #[inline]
     pub(crate) fn read(&self, row: u64, out: &mut [f32]) {
-        self.read_consistent(row, out);
+        Self::read_consistent(self.main.row(row), out);
     }
 
     /// If the row is live, copies its values into `out` and returns its key.
+    /// Any id below the high-water mark may be asked (unallocated: `None`).
     pub(crate) fn read_live(&self, row: u64, out: &mut [f32]) -> Option<u64> {
-        let (state, key) = self.read_consistent(row, out);
+        let words = self.main.try_row(row)?;
+        let (state, key) = Self::read_consistent(words, out);
         (state & LIVE != 0).then_some(key)
     }
 }

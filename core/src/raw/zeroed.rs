@@ -2,6 +2,7 @@
 //! allocator's zeroed pages (so a fresh index of millions of slots costs no
 //! writes until it is used).
 
+#[cfg(not(loom))]
 use std::alloc::{alloc_zeroed, handle_alloc_error, Layout};
 
 /// Types for which the all-zero bit pattern is a valid, meaningful value.
@@ -10,8 +11,10 @@ use std::alloc::{alloc_zeroed, handle_alloc_error, Layout};
 /// Implement only for types made of integers and atomic integers.
 pub(crate) unsafe trait Zeroable: Default {}
 
-// SAFETY: atomic integers are plain integers in memory; zero is a valid value.
-unsafe impl Zeroable for [std::sync::atomic::AtomicU64; 2] {}
+// SAFETY: atomic integers are plain integers in memory; zero is a valid
+// value. (Under loom these are loom's atomics, which `boxed_slice` builds with
+// `Default` instead of zeroed memory.)
+unsafe impl Zeroable for [super::sync::AtomicU64; 2] {}
 
 /// A boxed slice of `len` zero values.
 #[cfg(not(loom))]
@@ -39,7 +42,7 @@ pub(crate) fn boxed_slice<T: Zeroable>(len: usize) -> Box<[T]> {
     (0..len).map(|_| T::default()).collect()
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
 
