@@ -475,6 +475,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "100k samples: too slow under Miri")]
     fn random_normal_statistics() {
         let (m, s) = (0.5f32, 2.0f32);
         let xs = column(&Initializer::RandomNormal {
@@ -501,6 +502,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "100k samples: too slow under Miri")]
     fn random_normal_statistics_over_wide_rows() {
         // A few elements per key: every position of the row is N(mean, stddev).
         let init = Initializer::RandomNormal {
@@ -525,6 +527,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "100k samples: too slow under Miri")]
     fn truncated_normal_statistics() {
         let (m, s) = (0.5f32, 2.0f32);
         let xs = column(&Initializer::TruncatedNormal {
@@ -544,6 +547,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "100k samples: too slow under Miri")]
     fn random_uniform_statistics() {
         let (low, high) = (-3.0f32, 5.0f32);
         let xs = column(&Initializer::RandomUniform {

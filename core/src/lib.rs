@@ -40,3 +40,8 @@ pub use initializer::Initializer;
 pub use key::Key;
 pub use partitioner::Partitioner;
 pub use variable::{Variable, VariableBuilder};
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;

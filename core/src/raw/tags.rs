@@ -263,8 +263,8 @@ mod tests {
             g.match_migrated(),
             SlotMask(1 << 1 | 1 << 3 | 1 << 6 | 1 << 9 | 1 << 13)
         );
-        for slot in 0..16 {
-            assert_eq!(g.tag(slot), tags[slot]);
+        for (slot, &tag) in tags.iter().enumerate() {
+            assert_eq!(g.tag(slot), tag);
         }
     }
 
