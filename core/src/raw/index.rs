@@ -245,6 +245,36 @@ impl Index {
         }
     }
 
+    /// Claims the EMPTY `slot` of `group` as PENDING(h), if its tag word is
+    /// still what `seen` holds (any change to the word, even in another slot,
+    /// fails the claim: see the module docs for why).
+    fn claim(&self, group: usize, slot: usize, seen: GroupTags, h: u8) -> bool {
+        let word = seen.word(slot / 8);
+        let claimed = tags::with_byte(word, slot % 8, tags::pending(h));
+        self.tags[group][slot / 8]
+            .compare_exchange(word, claimed, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Writes key and row into a slot this thread claimed, runs `publish`,
+    /// and makes the slot FULL (Release: readers that see FULL see both).
+    fn fill_and_publish(
+        &self,
+        group: usize,
+        slot: usize,
+        h: u8,
+        key: u64,
+        row: u64,
+        publish: impl FnOnce(),
+    ) {
+        let s = self.slot(group, slot);
+        s.key.store(key, Ordering::Relaxed);
+        s.row.store(row, Ordering::Relaxed);
+        publish();
+        let published = self.swap_tag(group, slot, tags::pending(h), tags::full(h));
+        debug_assert!(published.is_ok(), "only the claimer changes a PENDING slot");
+    }
+
     /// Waits until slot `slot` of `group` is no longer `tag`.
     fn wait_while(&self, group: usize, slot: usize, tag: u8) {
         let spin = Spin::new();
@@ -317,22 +347,12 @@ impl Index {
                     }
                     *budget = chunk;
                 }
-                let word = tags.word(slot / 8);
-                let claimed = tags::with_byte(word, slot % 8, tags::pending(h));
-                if self.tags[group][slot / 8]
-                    .compare_exchange(word, claimed, Ordering::AcqRel, Ordering::Acquire)
-                    .is_err()
-                {
+                if !self.claim(group, slot, tags, h) {
                     // The word changed under us: look at the group again.
                     continue;
                 }
                 *budget -= 1;
-                let s = self.slot(group, slot);
-                s.key.store(key, Ordering::Relaxed);
-                s.row.store(row, Ordering::Relaxed);
-                publish();
-                let published = self.swap_tag(group, slot, tags::pending(h), tags::full(h));
-                debug_assert!(published.is_ok(), "only the claimer changes a PENDING slot");
+                self.fill_and_publish(group, slot, h, key, row, publish);
                 return Insert::Inserted;
             }
             group = (group + 1) & self.group_mask;
@@ -378,20 +398,10 @@ impl Index {
             let tags = self.load_tags(group);
             match tags.match_empty().first() {
                 Some(slot) => {
-                    let word = tags.word(slot / 8);
-                    let claimed = tags::with_byte(word, slot % 8, tags::pending(h));
-                    if self.tags[group][slot / 8]
-                        .compare_exchange(word, claimed, Ordering::AcqRel, Ordering::Acquire)
-                        .is_err()
-                    {
-                        continue;
+                    if self.claim(group, slot, tags, h) {
+                        self.fill_and_publish(group, slot, h, key, row, || {});
+                        return;
                     }
-                    let s = self.slot(group, slot);
-                    s.key.store(key, Ordering::Relaxed);
-                    s.row.store(row, Ordering::Relaxed);
-                    let published = self.swap_tag(group, slot, tags::pending(h), tags::full(h));
-                    debug_assert!(published.is_ok());
-                    return;
                 }
                 None => group = (group + 1) & self.group_mask,
             }
