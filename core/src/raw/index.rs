@@ -33,9 +33,13 @@
 //! published) and, when it runs into a migration, for the chunks other
 //! helpers own to finish.
 
+use super::kernels::prefetch;
 use super::sync::{AtomicU64, AtomicUsize, Ordering, Spin};
 use super::tags::{self, GroupTags};
+use super::zeroed::{zeroed_slice, ZeroedSlice};
 use crossbeam_epoch::Atomic;
+
+pub(crate) use super::tags::GroupTags as FirstGroup;
 
 /// Slots per group.
 pub(crate) const GROUP: usize = 16;
@@ -93,8 +97,8 @@ pub(crate) enum Remove {
 
 /// One open-addressing index (see the module docs).
 pub(crate) struct Index {
-    tags: Box<[[AtomicU64; 2]]>,
-    slots: Box<[Slot]>,
+    tags: ZeroedSlice<[AtomicU64; 2]>,
+    slots: ZeroedSlice<Slot>,
     group_mask: usize,
     /// Reserved slots (claims happen within reservations), plus `CLOSED`.
     used: AtomicUsize,
@@ -117,8 +121,8 @@ impl Index {
             .div_ceil(GROUP)
             .next_power_of_two();
         Index {
-            tags: super::zeroed::boxed_slice(groups),
-            slots: super::zeroed::boxed_slice(groups * GROUP),
+            tags: zeroed_slice(groups, 64),
+            slots: zeroed_slice(groups * GROUP, 64),
             group_mask: groups - 1,
             used: AtomicUsize::new(0),
             deleted: AtomicUsize::new(0),
@@ -304,6 +308,37 @@ impl Index {
             group = (group + 1) & self.group_mask;
         }
         None
+    }
+
+    /// First stage of a pipelined find: loads the key's first tag group and
+    /// prefetches the slots that may hold the key, so that
+    /// [`Index::find_finish`] a few keys later finds them in cache.
+    #[inline]
+    pub(crate) fn find_start(&self, hash: u64) -> GroupTags {
+        let group = self.first_group(hash);
+        let tags = self.load_tags(group);
+        for slot in tags.match_present(tags::h6(hash)) {
+            prefetch(self.slot(group, slot) as *const Slot);
+        }
+        tags
+    }
+
+    /// Second stage of a pipelined find, from the tags `find_start` loaded:
+    /// the answer of [`Index::find`] at the time they were loaded, or a fresh
+    /// full probe when the key's chain goes past its first group.
+    #[inline]
+    pub(crate) fn find_finish(&self, key: u64, hash: u64, first: GroupTags) -> Option<u64> {
+        let group = self.first_group(hash);
+        for slot in first.match_present(tags::h6(hash)) {
+            let s = self.slot(group, slot);
+            if s.key.load(Ordering::Relaxed) == key {
+                return Some(s.row.load(Ordering::Relaxed));
+            }
+        }
+        if first.match_chain_end().any() {
+            return None;
+        }
+        self.find(key, hash)
     }
 
     /// Finds `key`, or inserts it mapped to `row`. `publish` runs after the

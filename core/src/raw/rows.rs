@@ -2,9 +2,10 @@
 //!
 //! A [`Column`] stores `words_per_row` `AtomicU64` words per row in segments
 //! that double in size (1024 rows, 2048, 4096, ...), allocated zeroed on
-//! first use and never moved or freed before the column: a row id found once
-//! stays valid, and growing never copies a row. A directory of 24 segment
-//! pointers addresses 2^32 rows.
+//! first use (large ones on huge pages, see [`zeroed`](super::zeroed)) and
+//! never moved or freed before the column: a row id found once stays valid,
+//! and growing never copies a row. A directory of 24 segments addresses
+//! 2^34 rows.
 //!
 //! [`RowStore`] holds the main column, where each row is a two-word header and
 //! the `dim` values packed two `f32` per word (see [`kernels`](super::kernels)):
@@ -31,12 +32,12 @@
 //! row reused for another key while it is pinned.
 
 use super::kernels::{load_row, store_row, words_for_dim};
+use super::zeroed::{zeroed_slice, ZeroedSlice};
 use crossbeam_epoch::Guard;
 use crossbeam_queue::SegQueue;
 use crossbeam_utils::Backoff;
-use std::alloc::{alloc_zeroed, dealloc, handle_alloc_error, Layout};
-use std::sync::atomic::{fence, AtomicPtr, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 /// Rows in the first segment (a power of two).
 const FIRST_SEGMENT_SHIFT: u32 = 10;
@@ -57,14 +58,14 @@ const VERSION_STEP: u64 = 4;
 /// One column of per-row words, in doubling segments (see the module docs).
 pub(crate) struct Column {
     words_per_row: usize,
-    segments: [AtomicPtr<AtomicU64>; SEGMENTS],
+    segments: [OnceLock<ZeroedSlice<AtomicU64>>; SEGMENTS],
 }
 
 impl Column {
     pub(crate) fn new(words_per_row: usize) -> Column {
         Column {
             words_per_row: words_per_row.max(1),
-            segments: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
+            segments: std::array::from_fn(|_| OnceLock::new()),
         }
     }
 
@@ -77,39 +78,13 @@ impl Column {
         (segment, offset as usize)
     }
 
-    fn segment_layout(&self, segment: usize) -> Layout {
-        let rows = 1usize << (segment as u32 + FIRST_SEGMENT_SHIFT);
-        Layout::array::<AtomicU64>(rows * self.words_per_row)
-            .and_then(|l| l.align_to(64))
-            .expect("segment layout fits in isize")
-    }
-
     /// Makes sure the segment holding `row` is allocated.
     pub(crate) fn ensure(&self, row: u64) {
         let (segment, _) = Self::locate(row);
-        if !self.segments[segment].load(Ordering::Acquire).is_null() {
-            return;
-        }
-        let layout = self.segment_layout(segment);
-        // SAFETY: the layout has non-zero size (at least 1024 rows of at
-        // least one word).
-        let fresh = unsafe { alloc_zeroed(layout) }.cast::<AtomicU64>();
-        if fresh.is_null() {
-            handle_alloc_error(layout);
-        }
-        if self.segments[segment]
-            .compare_exchange(
-                std::ptr::null_mut(),
-                fresh,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .is_err()
-        {
-            // SAFETY: `fresh` was allocated above with `layout` and was never
-            // shared (the CAS that would have published it failed).
-            unsafe { dealloc(fresh.cast(), layout) };
-        }
+        self.segments[segment].get_or_init(|| {
+            let rows = 1usize << (segment as u32 + FIRST_SEGMENT_SHIFT);
+            zeroed_slice(rows * self.words_per_row, 64)
+        });
     }
 
     /// The words of `row`, or `None` if its segment is not allocated yet (a
@@ -117,17 +92,9 @@ impl Column {
     #[inline]
     pub(crate) fn try_row(&self, row: u64) -> Option<&[AtomicU64]> {
         let (segment, offset) = Self::locate(row);
-        let base = self.segments.get(segment)?.load(Ordering::Acquire);
-        if base.is_null() {
-            return None;
-        }
-        // SAFETY: the segment was allocated zeroed for `1 << (segment + SHIFT)`
-        // rows of `words_per_row` words (zero is a valid AtomicU64), `offset`
-        // is below that row count by construction of `locate`, and segments
-        // are only freed in `drop`, which has `&mut self`.
-        Some(unsafe {
-            std::slice::from_raw_parts(base.add(offset * self.words_per_row), self.words_per_row)
-        })
+        let words = self.segments.get(segment)?.get()?;
+        let start = offset * self.words_per_row;
+        words.get(start..start + self.words_per_row)
     }
 
     /// The words of `row`, whose segment must have been allocated by
@@ -141,30 +108,17 @@ impl Column {
     /// Address of a row, for prefetching (null if its segment is missing).
     #[inline]
     pub(crate) fn row_address(&self, row: u64) -> *const AtomicU64 {
-        let (segment, offset) = Self::locate(row);
-        let base = self.segments[segment].load(Ordering::Relaxed);
-        base.wrapping_add(offset * self.words_per_row)
+        self.try_row(row)
+            .map_or(std::ptr::null(), <[AtomicU64]>::as_ptr)
     }
 
     /// Bytes of allocated segments.
     pub(crate) fn memory_bytes(&self) -> usize {
-        (0..SEGMENTS)
-            .filter(|&s| !self.segments[s].load(Ordering::Relaxed).is_null())
-            .map(|s| self.segment_layout(s).size())
+        self.segments
+            .iter()
+            .filter_map(OnceLock::get)
+            .map(|words| std::mem::size_of_val(&**words))
             .sum()
-    }
-}
-
-impl Drop for Column {
-    fn drop(&mut self) {
-        for segment in 0..SEGMENTS {
-            let ptr = *self.segments[segment].get_mut();
-            if !ptr.is_null() {
-                // SAFETY: allocated in `ensure` with this same layout, and
-                // `&mut self` means no row reference is alive.
-                unsafe { dealloc(ptr.cast(), self.segment_layout(segment)) };
-            }
-        }
     }
 }
 

@@ -16,7 +16,7 @@
 //! old index and follow `next` for keys already moved, so they never wait.
 
 use super::epoch::Epoch;
-use super::index::{hash_key, Index, Insert, Remove, MIN_CAPACITY};
+use super::index::{hash_key, FirstGroup, Index, Insert, Remove, MIN_CAPACITY};
 use super::kernels::{axpy_row, prefetch, prefetch_span, store_row};
 use super::rows::{RowCache, RowStore};
 use super::sync::Spin;
@@ -253,6 +253,25 @@ impl Table {
         }
     }
 
+    /// [`Table::find`] whose first group's tags were loaded by
+    /// [`Index::find_start`].
+    #[inline]
+    fn find_pipelined<'g>(
+        &self,
+        index: &'g Index,
+        key: u64,
+        hash: u64,
+        first: FirstGroup,
+        guard: &'g Guard,
+    ) -> Option<u64> {
+        if let Some(row) = index.find_finish(key, hash, first) {
+            return Some(row);
+        }
+        let next = index.next.load(Ordering::Acquire, guard);
+        // SAFETY: as in `Table::find`.
+        self.find(unsafe { next.as_ref() }?, key, hash, guard)
+    }
+
     /// Starts a migration out of `old` (if none has started) into an index
     /// sized for twice its live keys.
     fn grow(&self, old: Shared<'_, Index>) {
@@ -329,21 +348,30 @@ impl Table {
         let guard = self.epoch.pin();
         let index = self.current(&guard);
         let mut hashes = [0u64; CHUNK];
+        let mut first = [FirstGroup::new([0; 2]); CHUNK];
         let mut found = [MISSING; CHUNK];
         for (chunk_no, chunk) in keys.chunks(CHUNK).enumerate() {
             let base = chunk_no * CHUNK;
             for (h, &key) in hashes.iter_mut().zip(chunk) {
                 *h = hash_key(key);
             }
+            // Stage 1: tag groups (prefetched ahead), then prefetch candidate slots.
             for h in &hashes[..chunk.len().min(TAG_PREFETCH)] {
                 prefetch(index.tags_address(*h));
             }
-            for (i, &key) in chunk.iter().enumerate() {
+            for i in 0..chunk.len() {
                 if let Some(ahead) = hashes[..chunk.len()].get(i + TAG_PREFETCH) {
                     prefetch(index.tags_address(*ahead));
                 }
-                found[i] = self.find(index, key, hashes[i], &guard).unwrap_or(MISSING);
+                first[i] = index.find_start(hashes[i]);
             }
+            // Stage 2: compare keys in the (now cached) slots.
+            for (i, &key) in chunk.iter().enumerate() {
+                found[i] = self
+                    .find_pipelined(index, key, hashes[i], first[i], &guard)
+                    .unwrap_or(MISSING);
+            }
+            // Stage 3: copy rows, each prefetched a few keys ahead.
             for &row in &found[..chunk.len().min(ROW_PREFETCH)] {
                 self.prefetch_row(row);
             }
