@@ -112,13 +112,21 @@ impl Column {
             .map_or(std::ptr::null(), <[AtomicU64]>::as_ptr)
     }
 
-    /// Bytes of allocated segments.
-    pub(crate) fn memory_bytes(&self) -> usize {
-        self.segments
-            .iter()
-            .filter_map(OnceLock::get)
-            .map(|words| std::mem::size_of_val(&**words))
-            .sum()
+    /// Bytes of the rows `0..rows_in_use` (segments are mapped lazily: the
+    /// untouched tail of the newest segment is address space, not memory).
+    pub(crate) fn memory_bytes(&self, rows_in_use: u64) -> usize {
+        let mut bytes = 0;
+        for (segment, words) in self.segments.iter().enumerate() {
+            if words.get().is_none() {
+                continue;
+            }
+            let first =
+                (1u64 << (segment as u32 + FIRST_SEGMENT_SHIFT)) - (1 << FIRST_SEGMENT_SHIFT);
+            let rows = 1u64 << (segment as u32 + FIRST_SEGMENT_SHIFT);
+            let used = rows_in_use.saturating_sub(first).min(rows);
+            bytes += used as usize * self.words_per_row * 8;
+        }
+        bytes
     }
 }
 
@@ -157,8 +165,9 @@ impl RowStore {
         self.high_water.load(Ordering::Acquire).min(MAX_ROWS)
     }
 
+    /// Bytes of the rows handed out so far (see [`Column::memory_bytes`]).
     pub(crate) fn memory_bytes(&self) -> usize {
-        self.main.memory_bytes()
+        self.main.memory_bytes(self.high_water())
     }
 
     /// Address and size of a row, for prefetching.
