@@ -39,7 +39,7 @@ pub use error::{Error, Result};
 pub use initializer::Initializer;
 pub use key::Key;
 pub use partitioner::Partitioner;
-pub use variable::{Variable, VariableBuilder};
+pub use variable::{Variable, VariableBuilder, MAX_SHARDS};
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

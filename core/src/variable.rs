@@ -30,6 +30,9 @@ use crate::{Error, Initializer, Key, Partitioner, Result};
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+/// Most shards a variable may have.
+pub const MAX_SHARDS: usize = 1 << 16;
+
 /// A dynamic embedding table: rows of `dim` `f32`s keyed by `K`, sharded,
 /// growing as keys arrive. Clones share the same tables.
 pub struct Variable<K: Key> {
@@ -90,7 +93,8 @@ impl<K: Key> VariableBuilder<K> {
         self
     }
 
-    /// Number of shards, TFRA's `devices` (default 1; 0 is an error at build).
+    /// Number of shards, TFRA's `devices` (default 1; 0 or more than
+    /// [`MAX_SHARDS`] is an error at build).
     pub fn shards(mut self, shards: usize) -> Self {
         self.shards = shards;
         self
@@ -140,10 +144,10 @@ impl<K: Key> VariableBuilder<K> {
                 self.name
             )));
         }
-        if self.shards == 0 {
+        if !(1..=MAX_SHARDS).contains(&self.shards) {
             return Err(Error::InvalidArgument(format!(
-                "variable {:?}: shards must be at least 1, got 0",
-                self.name
+                "variable {:?}: shards must be in 1..={MAX_SHARDS}, got {}",
+                self.name, self.shards
             )));
         }
         self.initializer.validate(self.dim)?;
@@ -184,6 +188,15 @@ fn check_len(what: &'static str, expected: usize, actual: usize) -> Result<()> {
             actual,
         })
     }
+}
+
+/// `keys * dim`, the length of a batch's row buffer.
+fn batch_len(keys: usize, dim: usize) -> Result<usize> {
+    keys.checked_mul(dim).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "a batch of {keys} rows of {dim} values is too large"
+        ))
+    })
 }
 
 fn check_finite(what: &'static str, values: &[f32]) -> Result<()> {
@@ -296,7 +309,7 @@ impl<K: Key> Variable<K> {
     /// Copies the rows of `keys` into `out` (`keys.len() * dim` values).
     /// Missing keys get the initializer's row. Never inserts.
     pub fn lookup(&self, keys: &[K], out: &mut [f32]) -> Result<()> {
-        check_len("out", keys.len() * self.dim(), out.len())?;
+        check_len("out", batch_len(keys.len(), self.dim())?, out.len())?;
         let init = &self.inner.initializer;
         self.each_shard(keys, |table, bits, at| {
             table.lookup(bits, at, out, |_, key, row| init.fill(key, row))
@@ -310,7 +323,7 @@ impl<K: Key> Variable<K> {
         out: &mut [f32],
         exists: &mut [bool],
     ) -> Result<()> {
-        check_len("out", keys.len() * self.dim(), out.len())?;
+        check_len("out", batch_len(keys.len(), self.dim())?, out.len())?;
         check_len("exists", keys.len(), exists.len())?;
         exists.fill(true);
         let init = &self.inner.initializer;
@@ -329,7 +342,7 @@ impl<K: Key> Variable<K> {
     /// Training read: copies the rows of `keys` into `out`, inserting missing
     /// keys with the initializer's row.
     pub fn lookup_or_insert(&self, keys: &[K], out: &mut [f32]) -> Result<()> {
-        check_len("out", keys.len() * self.dim(), out.len())?;
+        check_len("out", batch_len(keys.len(), self.dim())?, out.len())?;
         let init = &self.inner.initializer;
         self.each_shard(keys, |table, bits, at| {
             table.lookup_or_insert(bits, at, out, |key, row| init.fill(key, row))
@@ -339,7 +352,7 @@ impl<K: Key> Variable<K> {
     /// Sets the rows of `keys` to `values` (`keys.len() * dim`), inserting
     /// absent keys. A key repeated in one batch: the last one wins.
     pub fn upsert(&self, keys: &[K], values: &[f32]) -> Result<()> {
-        check_len("values", keys.len() * self.dim(), values.len())?;
+        check_len("values", batch_len(keys.len(), self.dim())?, values.len())?;
         check_finite("values", values)?;
         self.each_shard(keys, |table, bits, at| table.upsert(bits, at, values))
     }
@@ -350,7 +363,7 @@ impl<K: Key> Variable<K> {
     /// since the caller looked it up). A key repeated in one batch adds every
     /// delta.
     pub fn accum(&self, keys: &[K], deltas: &[f32], exists: &[bool]) -> Result<()> {
-        check_len("deltas", keys.len() * self.dim(), deltas.len())?;
+        check_len("deltas", batch_len(keys.len(), self.dim())?, deltas.len())?;
         check_len("exists", keys.len(), exists.len())?;
         check_finite("deltas", deltas)?;
         self.each_shard(keys, |table, bits, at| {

@@ -1356,3 +1356,27 @@ fn single_threaded_growth_from_one_row_keeps_every_row() {
         );
     }
 }
+
+#[test]
+fn absurd_sizes_are_errors_not_panics_or_aborts() {
+    let huge_init = Variable::<u64>::builder("huge")
+        .init_size(usize::MAX)
+        .build();
+    assert!(
+        matches!(huge_init, Err(Error::CapacityExceeded { .. })),
+        "{huge_init:?}"
+    );
+    let too_big = Variable::<u64>::builder("big").init_size(1 << 40).build();
+    assert!(too_big.is_err(), "{too_big:?}");
+    let wide = Variable::<u64>::builder("wide").dim(1 << 62).build();
+    match wide {
+        Err(Error::InvalidArgument(msg)) => assert!(msg.contains(&(1usize << 62).to_string())),
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+    let many = Variable::<u64>::builder("many").shards(1 << 40).build();
+    assert!(matches!(many, Err(Error::InvalidArgument(_))), "{many:?}");
+    let widest = Variable::<u64>::builder("widest")
+        .dim(dynemb::raw::MAX_DIM)
+        .build();
+    assert!(widest.is_ok());
+}

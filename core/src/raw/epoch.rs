@@ -2,27 +2,36 @@
 //! table.
 //!
 //! A dedicated collector keeps one table's readers from delaying another
-//! table's reclamation. Each thread registers once per table: handles are
-//! cached in a small thread-local list (oldest evicted first), so pinning for
-//! a batch costs a short scan and the pin itself.
+//! table's reclamation. Each thread registers once per table: its handles
+//! live in a thread-local map keyed by the table's collector id, so pinning
+//! for a batch costs a hash lookup and the pin itself, however many tables a
+//! thread uses. An entry holds a weak reference to its table's liveness
+//! token; entries of dropped tables are purged whenever a thread registers
+//! a new handle, so a dead table's collector (and its garbage) is freed.
 
 use crossbeam_epoch::{Collector, Guard, LocalHandle};
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-
-/// How many tables' handles one thread keeps registered.
-const CACHED_HANDLES: usize = 16;
+use std::sync::{Arc, Weak};
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
+/// This thread's registered handles, by collector id.
+type Handles = HashMap<u64, (Weak<()>, LocalHandle), ahash::RandomState>;
+
 thread_local! {
-    static HANDLES: RefCell<Vec<(u64, LocalHandle)>> = const { RefCell::new(Vec::new()) };
+    static HANDLES: RefCell<Handles> = const {
+        RefCell::new(HashMap::with_hasher(ahash::RandomState::with_seeds(1, 2, 3, 4)))
+    };
 }
 
 /// A table's collector.
 pub(crate) struct Epoch {
     collector: Collector,
     id: u64,
+    /// Dropped with the table: tells threads their handle can go.
+    alive: Arc<()>,
 }
 
 impl Epoch {
@@ -30,6 +39,7 @@ impl Epoch {
         Epoch {
             collector: Collector::new(),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            alive: Arc::new(()),
         }
     }
 
@@ -39,15 +49,13 @@ impl Epoch {
         HANDLES
             .try_with(|handles| {
                 let mut handles = handles.borrow_mut();
-                if let Some((_, handle)) = handles.iter().find(|(id, _)| *id == self.id) {
+                if let Some((_, handle)) = handles.get(&self.id) {
                     return handle.pin();
                 }
+                handles.retain(|_, (alive, _)| alive.strong_count() > 0);
                 let handle = self.collector.register();
                 let guard = handle.pin();
-                if handles.len() == CACHED_HANDLES {
-                    handles.remove(0);
-                }
-                handles.push((self.id, handle));
+                handles.insert(self.id, (Arc::downgrade(&self.alive), handle));
                 guard
             })
             // The thread is being torn down: register for this one pin.
@@ -60,8 +68,27 @@ impl Epoch {
         for _ in 0..3 {
             self.pin().flush();
         }
-        let _ = HANDLES.try_with(|handles| {
-            handles.borrow_mut().retain(|(id, _)| *id != self.id);
-        });
+        let _ = HANDLES.try_with(|handles| handles.borrow_mut().remove(&self.id));
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_handle_per_table_and_dead_tables_are_purged() {
+        let count = || HANDLES.with(|h| h.borrow().len());
+        let before = count();
+        let epochs: Vec<Epoch> = (0..40).map(|_| Epoch::new()).collect();
+        for _ in 0..3 {
+            for epoch in &epochs {
+                drop(epoch.pin());
+            }
+        }
+        assert_eq!(count(), before + 40, "a handle per table, none evicted");
+        drop(epochs);
+        drop(Epoch::new().pin());
+        assert_eq!(count(), before + 1, "handles of dropped tables are purged");
     }
 }

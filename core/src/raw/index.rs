@@ -36,8 +36,9 @@
 use super::kernels::prefetch;
 use super::sync::{AtomicU64, AtomicUsize, Ordering, Spin};
 use super::tags::{self, GroupTags};
-use super::zeroed::{zeroed_slice, ZeroedSlice};
+use super::zeroed::{try_zeroed_slice, ZeroedSlice};
 use crossbeam_epoch::Atomic;
+use std::alloc::handle_alloc_error;
 
 pub(crate) use super::tags::GroupTags as FirstGroup;
 
@@ -116,20 +117,26 @@ impl Index {
     /// An empty index of at least `capacity` slots (rounded up to a power of
     /// two number of groups).
     pub(crate) fn with_capacity(capacity: usize) -> Index {
+        Self::try_with_capacity(capacity)
+            .unwrap_or_else(|| handle_alloc_error(std::alloc::Layout::new::<[Slot; GROUP]>()))
+    }
+
+    /// [`Index::with_capacity`], or `None` if that much memory cannot be had.
+    pub(crate) fn try_with_capacity(capacity: usize) -> Option<Index> {
         let groups = capacity
             .max(MIN_CAPACITY)
             .div_ceil(GROUP)
-            .next_power_of_two();
-        Index {
-            tags: zeroed_slice(groups, 64),
-            slots: zeroed_slice(groups * GROUP, 64),
+            .checked_next_power_of_two()?;
+        Some(Index {
+            tags: try_zeroed_slice(groups, 64)?,
+            slots: try_zeroed_slice(groups.checked_mul(GROUP)?, 64)?,
             group_mask: groups - 1,
             used: AtomicUsize::new(0),
             deleted: AtomicUsize::new(0),
             next: Atomic::null(),
             cursor: AtomicUsize::new(0),
             done: AtomicUsize::new(0),
-        }
+        })
     }
 
     /// Number of slots.

@@ -20,4 +20,4 @@ mod table;
 pub(crate) mod tags;
 mod zeroed;
 
-pub use table::{Positions, Table};
+pub use table::{Positions, Table, MAX_DIM};

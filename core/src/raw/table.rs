@@ -18,12 +18,15 @@
 use super::epoch::Epoch;
 use super::index::{hash_key, FirstGroup, Index, Insert, Remove, MIN_CAPACITY};
 use super::kernels::{axpy_row, prefetch, prefetch_span, store_row};
-use super::rows::{RowCache, RowStore};
+use super::rows::{RowCache, RowStore, MAX_ROWS};
 use super::sync::Spin;
 use crate::{Error, Result};
 use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
+
+/// Largest row width a table accepts.
+pub const MAX_DIM: usize = 1 << 20;
 
 /// Keys per pipelined chunk of a batch.
 const CHUNK: usize = 64;
@@ -58,8 +61,8 @@ impl Positions<'_> {
             Positions::Dense if keys == rows => Ok(()),
             Positions::Dense => Err(Error::LengthMismatch {
                 what,
-                expected: keys * dim,
-                actual: rows * dim,
+                expected: keys.saturating_mul(dim),
+                actual: rows.saturating_mul(dim),
             }),
             Positions::At(at) if at.len() != keys => Err(Error::LengthMismatch {
                 what: "positions",
@@ -69,8 +72,8 @@ impl Positions<'_> {
             Positions::At(at) => match at.iter().map(|&p| p as usize).max() {
                 Some(max) if max >= rows => Err(Error::LengthMismatch {
                     what,
-                    expected: (max + 1) * dim,
-                    actual: rows * dim,
+                    expected: (max + 1).saturating_mul(dim),
+                    actual: rows.saturating_mul(dim),
                 }),
                 _ => Ok(()),
             },
@@ -83,7 +86,7 @@ fn rows_in(buffer: usize, dim: usize, what: &'static str, keys: usize) -> Result
     if buffer % dim != 0 {
         return Err(Error::LengthMismatch {
             what,
-            expected: keys * dim,
+            expected: keys.saturating_mul(dim),
             actual: buffer,
         });
     }
@@ -189,12 +192,22 @@ impl Table {
     /// An empty table for rows of `dim` values, with room for about
     /// `capacity` keys before it first grows.
     pub fn new(dim: usize, capacity: usize) -> Result<Table> {
-        if dim == 0 {
-            return Err(Error::InvalidArgument("dim must be at least 1".into()));
+        if !(1..=MAX_DIM).contains(&dim) {
+            return Err(Error::InvalidArgument(format!(
+                "dim must be in 1..={MAX_DIM}, got {dim}"
+            )));
+        }
+        if capacity as u64 > MAX_ROWS {
+            return Err(Error::CapacityExceeded { max_rows: MAX_ROWS });
         }
         let slots = capacity.saturating_add(capacity / 7).max(MIN_CAPACITY);
+        let index = Index::try_with_capacity(slots).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "cannot allocate an index for a capacity of {capacity} rows"
+            ))
+        })?;
         Ok(Table {
-            index: Atomic::new(Index::with_capacity(slots)),
+            index: Atomic::new(index),
             rows: RowStore::new(dim),
             len: AtomicI64::new(0),
             epoch: Epoch::new(),
@@ -465,7 +478,9 @@ impl Table {
                 actual: exists.len(),
             });
         }
-        let mut inserted_here = HashSet::with_hasher(ahash::RandomState::with_seeds(1, 2, 3, 4));
+        // Keys this batch inserted, with the row it inserted: only that row
+        // (not one another writer re-inserted meanwhile) gets later deltas.
+        let mut inserted_here = HashMap::with_hasher(ahash::RandomState::with_seeds(1, 2, 3, 4));
         self.write_batch(keys, |writer, i, key, hash| {
             let p = positions.of(i);
             let delta = &deltas[p * dim..(p + 1) * dim];
@@ -479,8 +494,8 @@ impl Table {
                 self.rows.write_fresh(row, key, delta);
             })?;
             if inserted {
-                inserted_here.insert(key);
-            } else if inserted_here.contains(&key) {
+                inserted_here.insert(key, row);
+            } else if inserted_here.get(&key) == Some(&row) {
                 self.rows.update(row, |words| axpy_row(words, 1.0, delta));
             }
             Ok(())

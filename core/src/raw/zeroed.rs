@@ -9,7 +9,9 @@
 //! system's transparent huge pages are in `madvise` mode). Other platforms
 //! and Miri use the allocator for every size.
 
-use std::alloc::{alloc_zeroed, dealloc, handle_alloc_error, Layout};
+#[cfg(not(loom))]
+use std::alloc::alloc_zeroed;
+use std::alloc::{dealloc, handle_alloc_error, Layout};
 use std::ptr::NonNull;
 
 /// Types for which the all-zero bit pattern is a valid, meaningful value.
@@ -27,6 +29,7 @@ unsafe impl Zeroable for [super::sync::AtomicU64; 2] {}
 unsafe impl Zeroable for std::sync::atomic::AtomicU64 {}
 
 /// Size from which arrays are mapped with huge pages.
+#[cfg(all(unix, not(miri), not(loom)))]
 const HUGE_PAGE: usize = 2 << 20;
 
 /// Where a [`ZeroedSlice`]'s memory came from, to give it back.
@@ -36,7 +39,7 @@ enum Backing {
     /// The global allocator, with this layout.
     Heap(Layout),
     /// An anonymous mapping of `bytes` bytes at `base`.
-    #[cfg(all(unix, not(miri)))]
+    #[cfg(all(unix, not(miri), not(loom)))]
     Mapped {
         base: *mut libc::c_void,
         bytes: usize,
@@ -74,7 +77,7 @@ impl<T> Drop for ZeroedSlice<T> {
             Backing::None => {}
             // SAFETY: allocated in `zeroed_slice` with this layout.
             Backing::Heap(layout) => unsafe { dealloc(self.ptr.as_ptr().cast(), layout) },
-            #[cfg(all(unix, not(miri)))]
+            #[cfg(all(unix, not(miri), not(loom)))]
             // SAFETY: mapped in `map_huge` with this base and length, and no
             // reference into it outlives `self`.
             Backing::Mapped { base, bytes } => unsafe {
@@ -85,61 +88,66 @@ impl<T> Drop for ZeroedSlice<T> {
 }
 
 /// An array of `len` zero values, aligned to at least `align` bytes (a
-/// power of two).
+/// power of two). Running out of memory aborts, as for `Vec`.
 pub(crate) fn zeroed_slice<T: Zeroable>(len: usize, align: usize) -> ZeroedSlice<T> {
-    #[cfg(loom)]
-    {
-        // Loom atomics carry model state: construct them, and keep them in a
-        // leaked-then-owned heap array so the type stays the same.
-        let _ = align;
-        let boxed: Box<[T]> = (0..len).map(|_| T::default()).collect();
-        let len = boxed.len();
-        let layout = Layout::array::<T>(len).expect("array layout fits in isize");
-        let ptr = NonNull::new(Box::into_raw(boxed).cast::<T>()).expect("box is non-null");
-        return ZeroedSlice {
-            ptr,
+    try_zeroed_slice(len, align).unwrap_or_else(|| {
+        let layout = Layout::array::<T>(len).unwrap_or(Layout::new::<T>());
+        handle_alloc_error(layout)
+    })
+}
+
+/// [`zeroed_slice`], or `None` if the size overflows or memory runs out.
+#[cfg(loom)]
+pub(crate) fn try_zeroed_slice<T: Zeroable>(len: usize, align: usize) -> Option<ZeroedSlice<T>> {
+    // Loom atomics carry model state: construct them in a heap array, owned
+    // by the ZeroedSlice like any other.
+    let _ = align;
+    let boxed: Box<[T]> = (0..len).map(|_| T::default()).collect();
+    let len = boxed.len();
+    let layout = Layout::array::<T>(len).expect("array layout fits in isize");
+    let ptr = NonNull::new(Box::into_raw(boxed).cast::<T>())?;
+    Some(ZeroedSlice {
+        ptr,
+        len,
+        backing: if layout.size() == 0 {
+            Backing::None
+        } else {
+            Backing::Heap(layout)
+        },
+    })
+}
+
+/// [`zeroed_slice`], or `None` if the size overflows or memory runs out.
+#[cfg(not(loom))]
+pub(crate) fn try_zeroed_slice<T: Zeroable>(len: usize, align: usize) -> Option<ZeroedSlice<T>> {
+    let layout = Layout::array::<T>(len)
+        .and_then(|l| l.align_to(align))
+        .ok()?;
+    if layout.size() == 0 {
+        return Some(ZeroedSlice {
+            ptr: NonNull::dangling(),
             len,
-            backing: if layout.size() == 0 {
-                Backing::None
-            } else {
-                Backing::Heap(layout)
-            },
-        };
+            backing: Backing::None,
+        });
     }
-    #[cfg(not(loom))]
-    {
-        let layout = Layout::array::<T>(len)
-            .and_then(|l| l.align_to(align))
-            .expect("array layout fits in isize");
-        if layout.size() == 0 {
-            return ZeroedSlice {
-                ptr: NonNull::dangling(),
+    #[cfg(all(unix, not(miri), not(loom)))]
+    if layout.size() >= HUGE_PAGE && layout.align() <= HUGE_PAGE {
+        if let Some((ptr, backing)) = map_huge(layout.size()) {
+            return Some(ZeroedSlice {
+                ptr: ptr.cast(),
                 len,
-                backing: Backing::None,
-            };
-        }
-        #[cfg(all(unix, not(miri)))]
-        if layout.size() >= HUGE_PAGE && layout.align() <= HUGE_PAGE {
-            if let Some((ptr, backing)) = map_huge(layout.size()) {
-                return ZeroedSlice {
-                    ptr: ptr.cast(),
-                    len,
-                    backing,
-                };
-            }
-        }
-        // SAFETY: the layout has non-zero size. Zeroed memory is a valid `T`
-        // (`Zeroable`), aligned and sized by `layout`.
-        let ptr = unsafe { alloc_zeroed(layout) }.cast::<T>();
-        let Some(ptr) = NonNull::new(ptr) else {
-            handle_alloc_error(layout);
-        };
-        ZeroedSlice {
-            ptr,
-            len,
-            backing: Backing::Heap(layout),
+                backing,
+            });
         }
     }
+    // SAFETY: the layout has non-zero size. Zeroed memory is a valid `T`
+    // (`Zeroable`), aligned and sized by `layout`.
+    let ptr = NonNull::new(unsafe { alloc_zeroed(layout) }.cast::<T>())?;
+    Some(ZeroedSlice {
+        ptr,
+        len,
+        backing: Backing::Heap(layout),
+    })
 }
 
 /// Maps `bytes` zero bytes aligned to 2 MiB and asks for huge pages.
@@ -186,6 +194,7 @@ mod tests {
         for len in [0, 1, 1000, (4 << 20) / 16 + 3] {
             let words = super::zeroed_slice::<[AtomicU64; 2]>(len, 64);
             assert_eq!(words.len(), len);
+            assert!(super::try_zeroed_slice::<[AtomicU64; 2]>(usize::MAX / 8, 64).is_none());
             if len > 0 {
                 assert_eq!(words.as_ptr() as usize % 64, 0);
             }
