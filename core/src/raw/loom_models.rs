@@ -183,3 +183,45 @@ fn an_insert_during_migration_lands_exactly_once() {
         assert_eq!(count, 1, "key 3 is in the new index once");
     });
 }
+
+/// Two inserters of one absent key, both holding reservations made before
+/// the index closed, race the migrator of its group: exactly one row lands,
+/// in the new index, and the other inserter sees it. Three threads, so the
+/// preemption bound is lower to keep the model small.
+#[test]
+fn two_inserts_of_one_key_racing_a_migration() {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(1);
+    builder.check(|| {
+        let old = Index::with_capacity(16);
+        assert!(old.reserve(2));
+        let bound = old.close().unwrap();
+        let (old, new) = (Arc::new(old), Arc::new(Index::with_capacity(bound * 2)));
+        let (o, n) = (Arc::clone(&old), Arc::clone(&new));
+        let migrator = thread::spawn(move || migrate(&o, &n));
+        let insert_racing = |old: &Index, new: &Index, row: u64| {
+            let mut budget = 1;
+            match old.insert(7, hash_key(7), row, &mut budget, || {}) {
+                Insert::Migrating => {
+                    wait_for_migration(old);
+                    insert(new, 7, row)
+                }
+                outcome => outcome,
+            }
+        };
+        let (o, n) = (Arc::clone(&old), Arc::clone(&new));
+        let other = thread::spawn(move || insert_racing(&o, &n, 1));
+        let here = insert_racing(&old, &new, 2);
+        let there = other.join().unwrap();
+        migrator.join().unwrap();
+        let row = find(&new, 7).expect("present in the new index");
+        match (here, there) {
+            (Insert::Inserted, Insert::Found(r)) => assert_eq!((row, r), (2, 2)),
+            (Insert::Found(r), Insert::Inserted) => assert_eq!((row, r), (1, 1)),
+            outcomes => panic!("both or neither inserted: {outcomes:?}"),
+        }
+        let mut copies = 0;
+        new.for_each_present(|key, _| copies += usize::from(key == 7));
+        assert_eq!(copies, 1);
+    });
+}
