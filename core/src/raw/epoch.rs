@@ -17,8 +17,13 @@ use std::sync::{Arc, Weak};
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
-/// This thread's registered handles, by collector id.
-type Handles = HashMap<u64, (Weak<()>, LocalHandle), ahash::RandomState>;
+/// This thread's registered handles, by collector id. Each entry also keeps
+/// a clone of its collector, dropped after the handle (tuple fields drop in
+/// order): the last reference to a collector is then never the handle
+/// itself, whose release would free the collector from inside
+/// crossbeam-epoch's `Local::finalize` while `&self` is live (flagged by
+/// Miri as undefined behaviour).
+type Handles = HashMap<u64, (Weak<()>, LocalHandle, Collector), ahash::RandomState>;
 
 thread_local! {
     static HANDLES: RefCell<Handles> = const {
@@ -49,13 +54,14 @@ impl Epoch {
         HANDLES
             .try_with(|handles| {
                 let mut handles = handles.borrow_mut();
-                if let Some((_, handle)) = handles.get(&self.id) {
+                if let Some((_, handle, _)) = handles.get(&self.id) {
                     return handle.pin();
                 }
-                handles.retain(|_, (alive, _)| alive.strong_count() > 0);
+                handles.retain(|_, (alive, _, _)| alive.strong_count() > 0);
                 let handle = self.collector.register();
                 let guard = handle.pin();
-                handles.insert(self.id, (Arc::downgrade(&self.alive), handle));
+                let entry = (Arc::downgrade(&self.alive), handle, self.collector.clone());
+                handles.insert(self.id, entry);
                 guard
             })
             // The thread is being torn down: register for this one pin.
