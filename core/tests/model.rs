@@ -42,7 +42,7 @@ impl TestKey for i64 {
             2 => i64::MIN,
             3 => i64::MAX,
             4 => 1,
-            _ if i % 2 == 0 => i as i64 * 7919 - 100_000,
+            _ if i.is_multiple_of(2) => i as i64 * 7919 - 100_000,
             _ => -(i as i64) * 0x0123_4567_89AB_CDEF,
         }
     }
@@ -59,7 +59,7 @@ impl TestKey for u64 {
             2 => 1 << 63,
             3 => u64::MAX - 1,
             4 => 1,
-            _ if i % 2 == 0 => i as u64 * 3,
+            _ if i.is_multiple_of(2) => i as u64 * 3,
             _ => (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
         }
     }

@@ -83,7 +83,7 @@ impl Positions<'_> {
 
 /// Checks that a flat buffer holds whole rows of `dim` and returns how many.
 fn rows_in(buffer: usize, dim: usize, what: &'static str, keys: usize) -> Result<usize> {
-    if buffer % dim != 0 {
+    if !buffer.is_multiple_of(dim) {
         return Err(Error::LengthMismatch {
             what,
             expected: keys.saturating_mul(dim),
