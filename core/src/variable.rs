@@ -329,11 +329,7 @@ impl<K: Key> Variable<K> {
         let init = &self.inner.initializer;
         self.each_shard(keys, |table, bits, at| {
             table.lookup(bits, at, out, |i, key, row| {
-                let position = match at {
-                    Positions::Dense => i,
-                    Positions::At(at) => at[i] as usize,
-                };
-                exists[position] = false;
+                exists[at.of(i)] = false;
                 init.fill(key, row);
             })
         })

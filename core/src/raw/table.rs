@@ -47,8 +47,9 @@ pub enum Positions<'a> {
 }
 
 impl Positions<'_> {
+    /// The buffer row of the batch's key `i`.
     #[inline]
-    fn of(self, i: usize) -> usize {
+    pub fn of(self, i: usize) -> usize {
         match self {
             Positions::Dense => i,
             Positions::At(at) => at[i] as usize,
