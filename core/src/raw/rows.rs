@@ -261,19 +261,14 @@ impl RowStore {
         state.store(after, Ordering::Release);
     }
 
-    /// Fills a row that no other thread can reach yet (fresh from the cache):
-    /// its key and values, still not live.
-    pub(crate) fn write_fresh(&self, row: u64, key: u64, values: &[f32]) {
-        self.write(row, Some(false), |key_word, words| {
+    /// Fills a row fresh from the cache with its key and values and marks it
+    /// live: called while the key's slot is pending, just before the key is
+    /// published, so only an export scan can see the row before that.
+    pub(crate) fn write_new(&self, row: u64, key: u64, values: &[f32]) {
+        self.write(row, Some(true), |key_word, words| {
             key_word.store(key, Ordering::Relaxed);
             store_row(words, values);
         });
-    }
-
-    /// Marks a row as belonging to its key (called while the key's slot is
-    /// pending, just before it is published).
-    pub(crate) fn mark_live(&self, row: u64) {
-        self.write(row, Some(true), |_, _| {});
     }
 
     /// Marks a removed key's row as dead.
@@ -348,8 +343,7 @@ mod tests {
         unique.dedup();
         assert_eq!(unique.len(), ids.len(), "row ids are unique");
         for &id in &ids {
-            store.write_fresh(id, id * 10, &[id as f32, 1.0, -(id as f32)]);
-            store.mark_live(id);
+            store.write_new(id, id * 10, &[id as f32, 1.0, -(id as f32)]);
         }
         let mut out = [0.0; 3];
         for &id in &ids {
@@ -408,7 +402,7 @@ mod tests {
         let store = RowStore::new(33);
         let mut cache = RowCache::default();
         let row = store.take(&mut cache).unwrap();
-        store.write_fresh(row, 1, &[0.0; 33]);
+        store.write_new(row, 1, &[0.0; 33]);
         std::thread::scope(|s| {
             s.spawn(|| {
                 for i in 0..if cfg!(miri) { 50 } else { 2000 } {

@@ -144,25 +144,27 @@ impl<'t, 'g> Writer<'t, 'g> {
         self.index = self.table.index.load(Ordering::Acquire, self.guard);
     }
 
-    /// Row id of `key`, inserting it if absent. `fill(row)` writes the new
-    /// row's values (it runs only if the key was absent). Returns the row id
-    /// and whether this call inserted it.
+    /// Row id of `key`, inserting it if absent, in one probe. `fill(row)`
+    /// writes the new row (key, values, live) while its slot is pending; it
+    /// runs only if the key was absent. Returns the row id and whether this
+    /// call inserted it.
     fn find_or_insert(
         &mut self,
         key: u64,
         hash: u64,
         fill: impl FnOnce(u64),
     ) -> Result<(u64, bool)> {
-        if let Some(row) = self.table.find(self.index(), key, hash, self.guard) {
-            return Ok((row, false));
-        }
         let row = self.table.rows.take(&mut self.cache)?;
-        fill(row);
+        let mut fill = Some(fill);
         loop {
-            let rows = &self.table.rows;
+            let publish = || {
+                if let Some(fill) = fill.take() {
+                    fill(row);
+                }
+            };
             match self
                 .index()
-                .insert(key, hash, row, &mut self.budget, || rows.mark_live(row))
+                .insert(key, hash, row, &mut self.budget, publish)
             {
                 Insert::Inserted => {
                     self.inserted += 1;
@@ -429,7 +431,7 @@ impl Table {
             let dst = &mut out[at..at + dim];
             let (row, inserted) = writer.find_or_insert(key, hash, |row| {
                 init(key, dst);
-                self.rows.write_fresh(row, key, dst);
+                self.rows.write_new(row, key, dst);
             })?;
             if !inserted {
                 self.rows.read(row, dst);
@@ -448,7 +450,7 @@ impl Table {
             let at = positions.of(i) * dim;
             let src = &values[at..at + dim];
             let (row, inserted) = writer.find_or_insert(key, hash, |row| {
-                self.rows.write_fresh(row, key, src);
+                self.rows.write_new(row, key, src);
             })?;
             if !inserted {
                 self.rows.update(row, |words| store_row(words, src));
@@ -492,7 +494,7 @@ impl Table {
                 return Ok(());
             }
             let (row, inserted) = writer.find_or_insert(key, hash, |row| {
-                self.rows.write_fresh(row, key, delta);
+                self.rows.write_new(row, key, delta);
             })?;
             if inserted {
                 inserted_here.insert(key, row);
