@@ -6,6 +6,7 @@
 //!   migrate one group) over atomics that loom can model;
 //! - `rows`: the row arena (stable row ids, seqlocked rows, free list);
 //! - `kernels`: vectorized row kernels and prefetch;
+//! - `probe`: the group probe exposed for benchmarks (SIMD and scalar);
 //! - `epoch`: the table's dedicated epoch collector;
 //! - [`Table`]: one shard, built from the above, with batched operations.
 
@@ -14,6 +15,7 @@ pub(crate) mod index;
 pub mod kernels;
 #[cfg(all(test, loom))]
 mod loom_models;
+pub mod probe;
 mod rows;
 mod sync;
 mod table;

@@ -132,7 +132,6 @@ impl GroupTags {
         self.words[w]
     }
 
-    #[cfg(test)]
     pub(crate) fn tag(self, slot: usize) -> u8 {
         byte_of(self.words[slot / 8], slot % 8)
     }
@@ -186,8 +185,7 @@ impl GroupTags {
     }
 
     /// Scalar version of [`GroupTags::match_present`], the reference the
-    /// SIMD version is tested against.
-    #[cfg(test)]
+    /// SIMD version is tested against and benchmarked with.
     pub(crate) fn match_present_scalar(self, h: u8) -> SlotMask {
         let mut mask = 0u16;
         for slot in 0..16 {
