@@ -15,30 +15,25 @@ use std::time::Instant;
 const DIM: usize = 64;
 const LOOKUPS: usize = 1 << 20;
 const BATCH: usize = 65_536;
-const REPEATS: usize = 5;
+const REPEATS: usize = 7;
 
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     xs[xs.len() / 2]
 }
 
-/// Runs `work(thread, range)` over `LOOKUPS` split across `threads`; returns
-/// the median keys/s over `REPEATS` runs.
+/// Runs `work(range)` once over `LOOKUPS` split across `threads`; returns
+/// keys/s.
 fn keys_per_second(threads: usize, work: impl Fn(std::ops::Range<usize>) + Sync) -> f64 {
-    let runs = (0..REPEATS)
-        .map(|_| {
-            let start = Instant::now();
-            std::thread::scope(|s| {
-                let per = LOOKUPS / threads;
-                for t in 0..threads {
-                    let work = &work;
-                    s.spawn(move || work(t * per..(t + 1) * per));
-                }
-            });
-            LOOKUPS as f64 / start.elapsed().as_secs_f64()
-        })
-        .collect();
-    median(runs)
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        let per = LOOKUPS / threads;
+        for t in 0..threads {
+            let work = &work;
+            s.spawn(move || work(t * per..(t + 1) * per));
+        }
+    });
+    LOOKUPS as f64 / start.elapsed().as_secs_f64()
 }
 
 fn main() -> dynemb::Result<()> {
@@ -68,17 +63,17 @@ fn main() -> dynemb::Result<()> {
     );
     let dense: Vec<f32> = (0..keys_total * DIM).map(|i| (i / DIM) as f32).collect();
 
-    println!("threads  dynemb keys/s  dense gather keys/s  ratio");
+    println!("threads  dynemb keys/s  dense gather keys/s  ratio (median of per-round ratios)");
     for threads in [1, 2] {
-        let ours = keys_per_second(threads, |range| {
+        let lookup = |range: std::ops::Range<usize>| {
             let mut out = vec![0.0f32; BATCH * DIM];
             for batch in pick_keys[range].chunks(BATCH) {
                 emb.lookup(batch, &mut out[..batch.len() * DIM])
                     .expect("lookup");
             }
             std::hint::black_box(&out);
-        });
-        let gather = keys_per_second(threads, |range| {
+        };
+        let gather = |range: std::ops::Range<usize>| {
             let mut out = vec![0.0f32; BATCH * DIM];
             for batch in picks[range].chunks(BATCH) {
                 for (i, &row) in batch.iter().enumerate() {
@@ -89,12 +84,21 @@ fn main() -> dynemb::Result<()> {
                 }
             }
             std::hint::black_box(&out);
-        });
+        };
+        // Alternate the two so both see the same machine noise.
+        let (mut ours, mut theirs, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..REPEATS {
+            let a = keys_per_second(threads, lookup);
+            let b = keys_per_second(threads, gather);
+            ours.push(a);
+            theirs.push(b);
+            ratios.push(a / b);
+        }
         println!(
             "{threads:>7}  {:>13.2}M  {:>18.2}M  {:.2}",
-            ours / 1e6,
-            gather / 1e6,
-            ours / gather
+            median(ours) / 1e6,
+            median(theirs) / 1e6,
+            median(ratios)
         );
     }
     Ok(())

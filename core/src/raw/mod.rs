@@ -7,6 +7,7 @@
 //! - `rows`: the row arena (stable row ids, seqlocked rows, free list);
 //! - `kernels`: vectorized row kernels and prefetch;
 //! - `probe`: the group probe exposed for benchmarks (SIMD and scalar);
+//! - `pipeline`: the software pipeline batched operations walk their keys in;
 //! - `epoch`: the table's dedicated epoch collector;
 //! - [`Table`]: one shard, built from the above, with batched operations.
 
@@ -15,6 +16,7 @@ pub(crate) mod index;
 pub mod kernels;
 #[cfg(all(test, loom))]
 mod loom_models;
+mod pipeline;
 pub mod probe;
 mod rows;
 mod sync;

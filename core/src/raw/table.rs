@@ -16,8 +16,9 @@
 //! old index and follow `next` for keys already moved, so they never wait.
 
 use super::epoch::Epoch;
-use super::index::{hash_key, FirstGroup, Index, Insert, Remove, MIN_CAPACITY};
-use super::kernels::{axpy_row, prefetch, prefetch_span, store_row};
+use super::index::{FirstGroup, Index, Insert, Remove, MIN_CAPACITY};
+use super::kernels::{axpy_row, prefetch_span, store_row};
+use super::pipeline::RowPrefetch;
 use super::rows::{RowCache, RowStore, MAX_ROWS};
 use super::sync::Spin;
 use crate::{Error, Result};
@@ -28,14 +29,10 @@ use std::sync::atomic::{AtomicI64, Ordering};
 /// Largest row width a table accepts.
 pub const MAX_DIM: usize = 1 << 20;
 
-/// Keys per pipelined chunk of a batch.
-const CHUNK: usize = 64;
-/// How far ahead tag groups are prefetched.
-const TAG_PREFETCH: usize = 8;
-/// How far ahead rows are prefetched.
-const ROW_PREFETCH: usize = 4;
+/// How far ahead an export scan prefetches rows.
+const EXPORT_PREFETCH: u64 = 4;
 /// Row id meaning "not found".
-const MISSING: u64 = u64::MAX;
+pub(super) const MISSING: u64 = u64::MAX;
 
 /// Where the rows of a batch's keys are in the caller's buffers.
 #[derive(Clone, Copy, Debug)]
@@ -101,7 +98,7 @@ fn rows_in(buffer: usize, dim: usize, what: &'static str, keys: usize) -> Result
 /// want [`Variable`](crate::Variable), which shards keys over several tables.
 pub struct Table {
     index: Atomic<Index>,
-    rows: RowStore,
+    pub(super) rows: RowStore,
     len: AtomicI64,
     epoch: Epoch,
 }
@@ -191,6 +188,21 @@ impl<'t, 'g> Writer<'t, 'g> {
     }
 }
 
+/// Per-batch state of a removing batch.
+struct Remover<'g> {
+    index: Shared<'g, Index>,
+    retired: Vec<u64>,
+    deleted_here: usize,
+}
+
+impl<'g> Remover<'g> {
+    fn index(&self) -> &'g Index {
+        // SAFETY: `index` was loaded from the table under the batch's guard
+        // (see `Writer::index`).
+        unsafe { self.index.deref() }
+    }
+}
+
 impl Table {
     /// An empty table for rows of `dim` values, with room for about
     /// `capacity` keys before it first grows.
@@ -272,7 +284,7 @@ impl Table {
     /// [`Table::find`] whose first group's tags were loaded by
     /// [`Index::find_start`].
     #[inline]
-    fn find_pipelined<'g>(
+    pub(super) fn find_pipelined<'g>(
         &self,
         index: &'g Index,
         key: u64,
@@ -363,55 +375,22 @@ impl Table {
         positions.check(keys.len(), rows, "out", dim)?;
         let guard = self.epoch.pin();
         let index = self.current(&guard);
-        let mut hashes = [0u64; CHUNK];
-        let mut first = [FirstGroup::new([0; 2]); CHUNK];
-        let mut found = [MISSING; CHUNK];
-        for (chunk_no, chunk) in keys.chunks(CHUNK).enumerate() {
-            let base = chunk_no * CHUNK;
-            for (h, &key) in hashes.iter_mut().zip(chunk) {
-                *h = hash_key(key);
-            }
-            // Stage 1: tag groups (prefetched ahead), then prefetch candidate slots.
-            for h in &hashes[..chunk.len().min(TAG_PREFETCH)] {
-                prefetch(index.tags_address(*h));
-            }
-            for i in 0..chunk.len() {
-                if let Some(ahead) = hashes[..chunk.len()].get(i + TAG_PREFETCH) {
-                    prefetch(index.tags_address(*ahead));
-                }
-                first[i] = index.find_start(hashes[i]);
-            }
-            // Stage 2: compare keys in the (now cached) slots.
-            for (i, &key) in chunk.iter().enumerate() {
-                found[i] = self
-                    .find_pipelined(index, key, hashes[i], first[i], &guard)
-                    .unwrap_or(MISSING);
-            }
-            // Stage 3: copy rows, each prefetched a few keys ahead.
-            for &row in &found[..chunk.len().min(ROW_PREFETCH)] {
-                self.prefetch_row(row);
-            }
-            for (i, &key) in chunk.iter().enumerate() {
-                if let Some(&ahead) = found[..chunk.len()].get(i + ROW_PREFETCH) {
-                    self.prefetch_row(ahead);
-                }
-                let at = positions.of(base + i) * dim;
+        self.pipelined(
+            keys,
+            &guard,
+            &mut (),
+            |_| index,
+            RowPrefetch::Whole,
+            |_, i, key, _, row| {
+                let at = positions.of(i) * dim;
                 let dst = &mut out[at..at + dim];
-                match found[i] {
-                    MISSING => on_miss(base + i, key, dst),
+                match row {
+                    MISSING => on_miss(i, key, dst),
                     row => self.rows.read(row, dst),
                 }
-            }
-        }
-        Ok(())
-    }
-
-    #[inline]
-    fn prefetch_row(&self, row: u64) {
-        if row != MISSING {
-            let (address, bytes) = self.rows.row_span(row);
-            prefetch_span(address, bytes);
-        }
+                Ok(())
+            },
+        )
     }
 
     /// Copies the rows of `keys` into `out`, inserting missing keys with the
@@ -506,7 +485,8 @@ impl Table {
     }
 
     /// Runs `op(writer, i, key, hash)` for every key of a batch under one
-    /// pin, with the key's tag group prefetched ahead.
+    /// pin, with the key's probe and row prefetched ahead (see
+    /// [`pipeline`](super::pipeline)).
     fn write_batch(
         &self,
         keys: &[u64],
@@ -514,25 +494,14 @@ impl Table {
     ) -> Result<()> {
         let guard = self.epoch.pin();
         let mut writer = Writer::new(self, &guard);
-        let mut hashes = [0u64; CHUNK];
-        let mut result = Ok(());
-        'chunks: for (chunk_no, chunk) in keys.chunks(CHUNK).enumerate() {
-            for (h, &key) in hashes.iter_mut().zip(chunk) {
-                *h = hash_key(key);
-            }
-            for h in &hashes[..chunk.len().min(TAG_PREFETCH)] {
-                prefetch(writer.index().tags_address(*h));
-            }
-            for (i, &key) in chunk.iter().enumerate() {
-                if let Some(ahead) = hashes[..chunk.len()].get(i + TAG_PREFETCH) {
-                    prefetch(writer.index().tags_address(*ahead));
-                }
-                if let Err(e) = op(&mut writer, chunk_no * CHUNK + i, key, hashes[i]) {
-                    result = Err(e);
-                    break 'chunks;
-                }
-            }
-        }
+        let result = self.pipelined(
+            keys,
+            &guard,
+            &mut writer,
+            |writer| writer.index(),
+            RowPrefetch::Whole,
+            |writer, i, key, hash, _| op(writer, i, key, hash),
+        );
         writer.finish();
         result
     }
@@ -540,35 +509,40 @@ impl Table {
     /// Removes `keys` (absent keys are ignored); returns how many were removed.
     pub fn remove(&self, keys: &[u64]) -> usize {
         let guard = self.epoch.pin();
-        let mut index_ptr = self.index.load(Ordering::Acquire, &guard);
-        let mut retired = Vec::new();
-        let mut deleted_here = 0;
-        for &key in keys {
-            let hash = hash_key(key);
-            loop {
-                // SAFETY: loaded under `guard` (see `Writer::index`).
-                let index = unsafe { index_ptr.deref() };
-                match index.remove(key, hash) {
+        let mut remover = Remover {
+            index: self.index.load(Ordering::Acquire, &guard),
+            retired: Vec::new(),
+            deleted_here: 0,
+        };
+        let removing = self.pipelined(
+            keys,
+            &guard,
+            &mut remover,
+            Remover::index,
+            RowPrefetch::Header,
+            |remover, _, key, hash, _| loop {
+                match remover.index().remove(key, hash) {
                     Remove::Removed(row) => {
                         self.rows.mark_dead(row);
-                        retired.push(row);
-                        deleted_here += 1;
-                        break;
+                        remover.retired.push(row);
+                        remover.deleted_here += 1;
+                        return Ok(());
                     }
-                    Remove::Absent => break,
+                    Remove::Absent => return Ok(()),
                     Remove::Migrating => {
-                        index.add_deleted(std::mem::take(&mut deleted_here));
-                        self.help_migrate(index_ptr, &guard);
-                        index_ptr = self.index.load(Ordering::Acquire, &guard);
+                        let index = remover.index();
+                        index.add_deleted(std::mem::take(&mut remover.deleted_here));
+                        self.help_migrate(remover.index, &guard);
+                        remover.index = self.index.load(Ordering::Acquire, &guard);
                     }
                 }
-            }
-        }
-        // SAFETY: loaded under `guard` (see `Writer::index`).
-        unsafe { index_ptr.deref() }.add_deleted(deleted_here);
-        let removed = retired.len();
+            },
+        );
+        debug_assert!(removing.is_ok(), "removing never fails");
+        remover.index().add_deleted(remover.deleted_here);
+        let removed = remover.retired.len();
         self.len.fetch_sub(removed as i64, Ordering::Relaxed);
-        self.rows.retire(&guard, retired);
+        self.rows.retire(&guard, remover.retired);
         guard.flush();
         removed
     }
@@ -608,8 +582,8 @@ impl Table {
         let mut row_buf = vec![0.0; dim];
         let mut row = start;
         while row < end && keys.len() < max_rows {
-            if row + (ROW_PREFETCH as u64) < end {
-                let (address, bytes) = self.rows.row_span(row + ROW_PREFETCH as u64);
+            if row + EXPORT_PREFETCH < end {
+                let (address, bytes) = self.rows.row_span(row + EXPORT_PREFETCH);
                 prefetch_span(address, bytes);
             }
             if let Some(key) = self.rows.read_live(row, &mut row_buf) {

@@ -1,0 +1,117 @@
+//! The software pipeline that drives a table's batched operations.
+//!
+//! A random key costs three dependent cache misses: its tag group, then the
+//! slot the tags point to, then its row. Taken one key at a time each miss
+//! waits for the one before; a batch instead walks its keys in a pipeline, so
+//! that while the operation runs on key `i`, the row of key `i + ROWS_AHEAD`,
+//! the slot of key `i + SLOTS_AHEAD` and the tag group of key
+//! `i + TAGS_AHEAD` are already on their way.
+//!
+//! The distances are deep because a row is five cache lines and a key costs
+//! seven misses in all: on the 2-core EPYC VM the benches run on, 36/24/12
+//! beat 12/8/4 by about 15% on 8M-key lookups (`lookup_throughput`), and
+//! deeper did not help.
+//!
+//! The stages ahead of the operation only read the index. For a lookup their
+//! answer is the answer (the key's row as of a moment during the batch). For a
+//! writer they are hints: the writer's index can change under a migration, so
+//! its operation probes again, this time from cache. Hints never affect
+//! results, only speed.
+
+use super::index::{hash_key, FirstGroup, Index};
+use super::kernels::{prefetch, prefetch_span};
+use super::table::{Table, MISSING};
+use crate::Result;
+use crossbeam_epoch::Guard;
+
+/// How far ahead of the operation a key's tag group is prefetched.
+const TAGS_AHEAD: usize = 36;
+/// How far ahead its first group is read and candidate slots prefetched.
+const SLOTS_AHEAD: usize = 24;
+/// How far ahead its row id is resolved and the row prefetched.
+const ROWS_AHEAD: usize = 12;
+/// Keys in flight (a power of two above `TAGS_AHEAD`).
+const RING: usize = 64;
+
+/// What the pipeline knows about one key in flight.
+#[derive(Clone, Copy)]
+struct InFlight<'g> {
+    hash: u64,
+    index: &'g Index,
+    first: FirstGroup,
+    row: u64,
+}
+
+/// The part of a found row to prefetch for an operation.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum RowPrefetch {
+    /// Header and values (reads and value writes).
+    Whole,
+    /// The header line only (marking a row dead).
+    Header,
+}
+
+impl Table {
+    /// Runs `visit(state, i, key, hash, row)` for every key of `keys` in
+    /// order, where `row` is the key's row id found by a probe of
+    /// `index_of(state)` shortly before (or `MISSING`), with that row already
+    /// prefetched. Stops at the first error `visit` returns.
+    pub(super) fn pipelined<'g, S>(
+        &self,
+        keys: &[u64],
+        guard: &'g Guard,
+        state: &mut S,
+        index_of: impl Fn(&S) -> &'g Index,
+        row_prefetch: RowPrefetch,
+        mut visit: impl FnMut(&mut S, usize, u64, u64, u64) -> Result<()>,
+    ) -> Result<()> {
+        let n = keys.len();
+        let idle = InFlight {
+            hash: 0,
+            index: index_of(state),
+            first: FirstGroup::new([0; 2]),
+            row: MISSING,
+        };
+        let mut ring = [idle; RING];
+        for step in 0..n + TAGS_AHEAD {
+            if let Some(&key) = keys.get(step) {
+                let index = index_of(state);
+                let hash = hash_key(key);
+                prefetch(index.tags_address(hash));
+                ring[step % RING] = InFlight {
+                    hash,
+                    index,
+                    ..idle
+                };
+            }
+            if let Some(j) = (step + SLOTS_AHEAD)
+                .checked_sub(TAGS_AHEAD)
+                .filter(|&j| j < n)
+            {
+                let key = &mut ring[j % RING];
+                key.first = key.index.find_start(key.hash);
+            }
+            if let Some(j) = (step + ROWS_AHEAD)
+                .checked_sub(TAGS_AHEAD)
+                .filter(|&j| j < n)
+            {
+                let key = &mut ring[j % RING];
+                key.row = self
+                    .find_pipelined(key.index, keys[j], key.hash, key.first, guard)
+                    .unwrap_or(MISSING);
+                if key.row != MISSING {
+                    let (address, bytes) = self.rows.row_span(key.row);
+                    match row_prefetch {
+                        RowPrefetch::Whole => prefetch_span(address, bytes),
+                        RowPrefetch::Header => prefetch(address),
+                    }
+                }
+            }
+            if let Some(j) = step.checked_sub(TAGS_AHEAD) {
+                let key = ring[j % RING];
+                visit(state, j, keys[j], key.hash, key.row)?;
+            }
+        }
+        Ok(())
+    }
+}
