@@ -319,13 +319,20 @@ impl Index {
 
     /// First stage of a pipelined find: loads the key's first tag group and
     /// prefetches the slots that may hold the key, so that
-    /// [`Index::find_finish`] a few keys later finds them in cache.
+    /// [`Index::find_finish`] a few keys later finds them in cache. With
+    /// `will_claim` it also prefetches the slot an insert would claim (a
+    /// claimed slot's stores must land before the insert's publishing CAS).
     #[inline]
-    pub(crate) fn find_start(&self, hash: u64) -> GroupTags {
+    pub(crate) fn find_start(&self, hash: u64, will_claim: bool) -> GroupTags {
         let group = self.first_group(hash);
         let tags = self.load_tags(group);
         for slot in tags.match_present(tags::h6(hash)) {
             prefetch(self.slot(group, slot) as *const Slot);
+        }
+        if will_claim {
+            if let Some(slot) = tags.match_empty().first() {
+                prefetch(self.slot(group, slot) as *const Slot);
+            }
         }
         tags
     }
@@ -491,6 +498,23 @@ impl Index {
             }
         }
         copied
+    }
+
+    /// A hint for a migrator a few groups ahead: for the keys now in `group`,
+    /// prefetches their first tag group in `to`, or with `claim_slots` loads
+    /// those tags (prefetched earlier) and prefetches the slots the keys will
+    /// claim. Each copy publishes with a CAS that waits for the claimed slot's
+    /// stores, so these misses are better started early. Reads only.
+    pub(crate) fn prefetch_migration(&self, group: usize, to: &Index, claim_slots: bool) {
+        let tags = self.load_tags(group);
+        for slot in tags.match_any_full() {
+            let hash = hash_key(self.slot(group, slot).key.load(Ordering::Relaxed));
+            if claim_slots {
+                to.find_start(hash, true);
+            } else {
+                prefetch(to.tags_address(hash));
+            }
+        }
     }
 
     /// Takes the next chunk of groups to migrate, if any remain.

@@ -42,13 +42,17 @@ struct InFlight<'g> {
     row: u64,
 }
 
-/// The part of a found row to prefetch for an operation.
-#[derive(Clone, Copy, Debug)]
-pub(super) enum RowPrefetch {
-    /// Header and values (reads and value writes).
-    Whole,
-    /// The header line only (marking a row dead).
-    Header,
+/// What the operation at the end of the pipeline does with a key, which
+/// decides what the stages ahead fetch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Access {
+    /// Reads the row: fetch the whole row.
+    Read,
+    /// Writes the row, inserting the key if absent: fetch the whole row and
+    /// the slot an insert would claim.
+    Write,
+    /// Marks the row dead: fetch its header line only.
+    Remove,
 }
 
 impl Table {
@@ -62,7 +66,7 @@ impl Table {
         guard: &'g Guard,
         state: &mut S,
         index_of: impl Fn(&S) -> &'g Index,
-        row_prefetch: RowPrefetch,
+        access: Access,
         mut visit: impl FnMut(&mut S, usize, u64, u64, u64) -> Result<()>,
     ) -> Result<()> {
         let n = keys.len();
@@ -89,7 +93,7 @@ impl Table {
                 .filter(|&j| j < n)
             {
                 let key = &mut ring[j % RING];
-                key.first = key.index.find_start(key.hash);
+                key.first = key.index.find_start(key.hash, access == Access::Write);
             }
             if let Some(j) = (step + ROWS_AHEAD)
                 .checked_sub(TAGS_AHEAD)
@@ -101,9 +105,9 @@ impl Table {
                     .unwrap_or(MISSING);
                 if key.row != MISSING {
                     let (address, bytes) = self.rows.row_span(key.row);
-                    match row_prefetch {
-                        RowPrefetch::Whole => prefetch_span(address, bytes),
-                        RowPrefetch::Header => prefetch(address),
+                    match access {
+                        Access::Read | Access::Write => prefetch_span(address, bytes),
+                        Access::Remove => prefetch(address),
                     }
                 }
             }

@@ -31,7 +31,7 @@
 //! a reader that found a row id before its key was removed never sees the
 //! row reused for another key while it is pinned.
 
-use super::kernels::{load_row, store_row, words_for_dim};
+use super::kernels::{load_row, prefetch_span, store_row, words_for_dim};
 use super::zeroed::{zeroed_slice, ZeroedSlice};
 use crossbeam_epoch::Guard;
 use crossbeam_queue::SegQueue;
@@ -49,6 +49,8 @@ pub(crate) const MAX_ROWS: u64 =
 /// Row ids a cache takes from the fresh range at a time (at most one segment).
 const FRESH_BATCH: u64 = 64;
 
+/// How many takes ahead a new row is prefetched.
+const TAKE_PREFETCH: usize = 4;
 /// Header words before the values.
 const HEADER_WORDS: usize = 2;
 const LOCKED: u64 = 1;
@@ -180,6 +182,7 @@ impl RowStore {
     /// the fresh range).
     pub(crate) fn take(&self, cache: &mut RowCache) -> crate::Result<u64> {
         if let Some(id) = cache.ids.pop() {
+            self.prefetch_upcoming(cache);
             return Ok(id);
         }
         if let Some(ids) = self.free.pop() {
@@ -197,6 +200,22 @@ impl RowStore {
             .ids
             .pop()
             .ok_or(crate::Error::CapacityExceeded { max_rows: MAX_ROWS })
+    }
+
+    /// Prefetches the row a few takes ahead: a new row is written at once
+    /// (and its slot published with an atomic read-modify-write that waits for
+    /// those stores), so its lines should already be on their way.
+    #[inline]
+    fn prefetch_upcoming(&self, cache: &RowCache) {
+        if let Some(&id) = cache
+            .ids
+            .len()
+            .checked_sub(TAKE_PREFETCH)
+            .and_then(|i| cache.ids.get(i))
+        {
+            let (address, bytes) = self.row_span(id);
+            prefetch_span(address, bytes);
+        }
     }
 
     /// Returns a row id taken but never published.

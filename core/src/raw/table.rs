@@ -18,7 +18,7 @@
 use super::epoch::Epoch;
 use super::index::{FirstGroup, Index, Insert, Remove, MIN_CAPACITY};
 use super::kernels::{axpy_row, prefetch_span, store_row};
-use super::pipeline::RowPrefetch;
+use super::pipeline::Access;
 use super::rows::{RowCache, RowStore, MAX_ROWS};
 use super::sync::Spin;
 use crate::{Error, Result};
@@ -29,6 +29,10 @@ use std::sync::atomic::{AtomicI64, Ordering};
 /// Largest row width a table accepts.
 pub const MAX_DIM: usize = 1 << 20;
 
+/// How many groups ahead a migrator prefetches its keys' new tag groups.
+const MIGRATE_TAGS_AHEAD: usize = 4;
+/// How many groups ahead it prefetches the slots they will claim.
+const MIGRATE_SLOTS_AHEAD: usize = 2;
 /// How far ahead an export scan prefetches rows.
 const EXPORT_PREFETCH: u64 = 4;
 /// Row id meaning "not found".
@@ -335,7 +339,17 @@ impl Table {
         let next = unsafe { next_ptr.deref() };
         while let Some(groups) = old.claim_migration_chunk() {
             let count = groups.len();
-            let copied: usize = groups.map(|g| old.migrate_group(g, next)).sum();
+            let end = groups.end;
+            let mut copied = 0;
+            for group in groups {
+                if group + MIGRATE_TAGS_AHEAD < end {
+                    old.prefetch_migration(group + MIGRATE_TAGS_AHEAD, next, false);
+                }
+                if group + MIGRATE_SLOTS_AHEAD < end {
+                    old.prefetch_migration(group + MIGRATE_SLOTS_AHEAD, next, true);
+                }
+                copied += old.migrate_group(group, next);
+            }
             next.add_used(copied);
             old.finish_migration_chunk(count);
         }
@@ -380,7 +394,7 @@ impl Table {
             &guard,
             &mut (),
             |_| index,
-            RowPrefetch::Whole,
+            Access::Read,
             |_, i, key, _, row| {
                 let at = positions.of(i) * dim;
                 let dst = &mut out[at..at + dim];
@@ -499,7 +513,7 @@ impl Table {
             &guard,
             &mut writer,
             |writer| writer.index(),
-            RowPrefetch::Whole,
+            Access::Write,
             |writer, i, key, hash, _| op(writer, i, key, hash),
         );
         writer.finish();
@@ -519,7 +533,7 @@ impl Table {
             &guard,
             &mut remover,
             Remover::index,
-            RowPrefetch::Header,
+            Access::Remove,
             |remover, _, key, hash, _| loop {
                 match remover.index().remove(key, hash) {
                     Remove::Removed(row) => {

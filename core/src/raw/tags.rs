@@ -161,6 +161,13 @@ impl GroupTags {
         Self::mask_of(self.lanes().cmp_eq(u8x16::splat(pending(h))))
     }
 
+    /// FULL slots, whatever their hash bits.
+    #[inline]
+    pub(crate) fn match_any_full(self) -> SlotMask {
+        let lanes = self.lanes() & u8x16::splat(FROZEN_BITS);
+        Self::mask_of(lanes.cmp_eq(u8x16::splat(FULL_BIT)))
+    }
+
     /// EMPTY slots: where an insert may claim.
     #[inline]
     pub(crate) fn match_empty(self) -> SlotMask {
@@ -256,6 +263,10 @@ mod tests {
         assert_eq!(g.match_present(h), g.match_present_scalar(h));
         assert_eq!(g.match_pending(h), SlotMask(1 << 4));
         assert_eq!(g.match_empty(), SlotMask(1 << 0 | 1 << 11));
+        assert_eq!(
+            g.match_any_full(),
+            SlotMask(1 << 5 | 1 << 8 | 1 << 10 | 1 << 14)
+        );
         assert_eq!(g.match_chain_end(), SlotMask(1 << 0 | 1 << 1 | 1 << 11));
         assert_eq!(
             g.match_migrated(),
