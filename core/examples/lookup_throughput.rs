@@ -77,7 +77,7 @@ fn main() -> dynemb::Result<()> {
             let mut out = vec![0.0f32; BATCH * DIM];
             for batch in picks[range].chunks(BATCH) {
                 for (i, &row) in batch.iter().enumerate() {
-                    if let Some(&ahead) = batch.get(i + 4) {
+                    if let Some(&ahead) = batch.get(i + 12) {
                         prefetch_span(dense[ahead * DIM..].as_ptr(), DIM * 4);
                     }
                     out[i * DIM..(i + 1) * DIM].copy_from_slice(&dense[row * DIM..(row + 1) * DIM]);

@@ -3,8 +3,9 @@
 //! Every mistake a caller can make (a buffer of the wrong length, a zero
 //! dimension, a partitioner that names a shard that does not exist, a
 //! non-finite value) is reported as a typed [`Error`] whose message names the
-//! expected and the actual sizes. Nothing in the public API panics on user
-//! input.
+//! expected and the actual sizes. The registry's errors name the variable
+//! and, for a [`Error::Mismatch`], what exists and what was requested.
+//! Nothing in the public API panics on user input.
 
 /// Result alias used by every fallible function of the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -51,5 +52,48 @@ pub enum Error {
     CapacityExceeded {
         /// The most rows one shard can address.
         max_rows: u64,
+    },
+    /// A variable of this name exists where a new one was required
+    /// ([`Reuse::No`](crate::Reuse::No)).
+    #[error("variable {name} already exists")]
+    AlreadyExists {
+        /// The variable's full (scoped) name.
+        name: String,
+    },
+    /// No variable of this name exists where an existing one was required
+    /// ([`Reuse::Yes`](crate::Reuse::Yes)).
+    #[error("variable {name} does not exist")]
+    NotFound {
+        /// The variable's full (scoped) name.
+        name: String,
+    },
+    /// A variable of this name exists with another key type or dim than the
+    /// one requested.
+    #[error("variable {name} exists with {existing}; requested {requested}")]
+    Mismatch {
+        /// The variable's full (scoped) name.
+        name: String,
+        /// What exists, e.g. `"key type i64, dim 8"`.
+        existing: String,
+        /// What was requested, e.g. `"key type u64, dim 16"`.
+        requested: String,
+    },
+    /// A file-system operation on a checkpoint failed.
+    #[error("i/o error on {path}: {message}")]
+    Io {
+        /// The file or directory involved.
+        path: String,
+        /// The kind of failure.
+        kind: std::io::ErrorKind,
+        /// The operating system's description.
+        message: String,
+    },
+    /// A checkpoint is missing, truncated, corrupt or of an unknown format.
+    #[error("bad checkpoint {path}: {reason}")]
+    Checkpoint {
+        /// The checkpoint directory or file.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
     },
 }

@@ -25,20 +25,25 @@
 //! Layout: [`raw`] holds the lock-free table and is the only module with
 //! `unsafe`; [`Variable`] is what users hold (shards, partitioner,
 //! initializer); [`Key`], [`Initializer`], [`Partitioner`] and [`Error`] are
-//! its vocabulary.
+//! its vocabulary; a [`Registry`] names a model's variables with TF's
+//! `get_variable` semantics (scopes, reuse modes, collections, custom
+//! getters).
 #![warn(missing_docs)]
 
+pub mod checkpoint;
 mod error;
 mod initializer;
 mod key;
 mod partitioner;
 pub mod raw;
+pub mod registry;
 mod variable;
 
 pub use error::{Error, Result};
 pub use initializer::Initializer;
 pub use key::Key;
 pub use partitioner::Partitioner;
+pub use registry::{AnyVariable, Collection, Getter, Registry, Reuse, Scope, VariableRequest};
 pub use variable::{Variable, VariableBuilder, MAX_SHARDS};
 
 /// The README's examples, compiled and run as doctests.

@@ -24,10 +24,12 @@
 //! and re-inserted meanwhile may appear twice. `size` is exact when no batch
 //! is in flight.
 
+use crate::checkpoint;
 use crate::raw::kernels::first_non_finite;
 use crate::raw::{Positions, Table};
 use crate::{Error, Initializer, Key, Partitioner, Result};
 use std::marker::PhantomData;
+use std::path::Path;
 use std::sync::Arc;
 
 /// Most shards a variable may have.
@@ -167,6 +169,46 @@ impl<K: Key> VariableBuilder<K> {
             }),
             _key: PhantomData,
         })
+    }
+}
+
+/// Crate-internal access for the [`Registry`](crate::Registry), which scopes
+/// names and hands builders of every key type to custom getters behind one
+/// type-erased request.
+impl<K: Key> VariableBuilder<K> {
+    /// Renames the variable to build (the registry prefixes scope names).
+    pub(crate) fn set_name(&mut self, name: String) {
+        self.name = name;
+    }
+
+    /// The requested values per row.
+    pub(crate) fn requested_dim(&self) -> usize {
+        self.dim
+    }
+
+    /// Whether the variable to build is trainable.
+    pub(crate) fn is_trainable(&self) -> bool {
+        self.trainable
+    }
+
+    /// Whether the variable to build is checkpointed.
+    pub(crate) fn is_checkpointed(&self) -> bool {
+        self.checkpoint
+    }
+
+    /// The same settings for another key type (no setting depends on it).
+    pub(crate) fn cast<K2: Key>(self) -> VariableBuilder<K2> {
+        VariableBuilder {
+            name: self.name,
+            dim: self.dim,
+            shards: self.shards,
+            partitioner: self.partitioner,
+            initializer: self.initializer,
+            init_size: self.init_size,
+            trainable: self.trainable,
+            checkpoint: self.checkpoint,
+            _key: PhantomData,
+        }
     }
 }
 
@@ -447,5 +489,36 @@ impl<K: Key> Variable<K> {
     /// Bytes held by the variable's indexes and rows.
     pub fn memory_bytes(&self) -> usize {
         self.inner.shards.iter().map(Table::memory_bytes).sum()
+    }
+
+    /// Saves every row to the checkpoint directory `dir` (safetensors files
+    /// plus `index.json`), replacing a checkpoint already there only once
+    /// the new one is complete on disk. Runs while other threads train; see
+    /// [`checkpoint`](crate::checkpoint) for the format, crash safety and
+    /// what a save captures.
+    pub fn save(&self, dir: impl AsRef<Path>) -> Result<()> {
+        checkpoint::save(self, dir.as_ref())
+    }
+
+    /// Replaces the variable's contents with the checkpoint at `dir`. The
+    /// whole checkpoint is checked first (checksums, key type, dim, shapes,
+    /// finite values); if anything is wrong the variable is left as it was.
+    /// The checkpoint may come from a variable with another shard count.
+    pub fn restore(&self, dir: impl AsRef<Path>) -> Result<()> {
+        checkpoint::verify(self, dir.as_ref())?;
+        checkpoint::apply(self, dir.as_ref(), true)
+    }
+
+    /// Upserts the rows of the checkpoint at `dir` into the variable (keys
+    /// not in the checkpoint keep their rows). Checked first like
+    /// [`Variable::restore`].
+    pub fn load(&self, dir: impl AsRef<Path>) -> Result<()> {
+        checkpoint::verify(self, dir.as_ref())?;
+        checkpoint::apply(self, dir.as_ref(), false)
+    }
+
+    /// The variable's shards, for the checkpoint writer.
+    pub(crate) fn shards(&self) -> &[Table] {
+        &self.inner.shards
     }
 }

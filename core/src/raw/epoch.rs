@@ -68,6 +68,16 @@ impl Epoch {
             .unwrap_or_else(|_| self.collector.register().pin())
     }
 
+    /// Pins and flushes a few times, so that memory this thread retired is
+    /// freed now if no other thread is pinned (rather than many pins later,
+    /// when the collector gets round to it). Called after a resize, whose
+    /// retired index can be large.
+    pub(crate) fn reclaim(&self) {
+        for _ in 0..3 {
+            self.pin().flush();
+        }
+    }
+
     /// Gives this thread's handle back and collects what can be collected;
     /// called when the table is dropped.
     pub(crate) fn release_thread_handle(&self) {

@@ -9,9 +9,11 @@
 //! - `probe`: the group probe exposed for benchmarks (SIMD and scalar);
 //! - `pipeline`: the software pipeline batched operations walk their keys in;
 //! - `epoch`: the table's dedicated epoch collector;
+//! - `fs`: the atomic directory exchange checkpoints publish with;
 //! - [`Table`]: one shard, built from the above, with batched operations.
 
 mod epoch;
+pub(crate) mod fs;
 pub(crate) mod index;
 pub mod kernels;
 #[cfg(all(test, loom))]

@@ -182,7 +182,6 @@ impl RowStore {
     /// the fresh range).
     pub(crate) fn take(&self, cache: &mut RowCache) -> crate::Result<u64> {
         if let Some(id) = cache.ids.pop() {
-            self.prefetch_upcoming(cache);
             return Ok(id);
         }
         if let Some(ids) = self.free.pop() {
@@ -202,11 +201,14 @@ impl RowStore {
             .ok_or(crate::Error::CapacityExceeded { max_rows: MAX_ROWS })
     }
 
-    /// Prefetches the row a few takes ahead: a new row is written at once
+    /// Prefetches the row a few inserts ahead: a new row is written at once
     /// (and its slot published with an atomic read-modify-write that waits for
-    /// those stores), so its lines should already be on their way.
+    /// those stores), so its lines should already be on their way. Called
+    /// after an insert used a row, not on every take: a write to an existing
+    /// key takes a row and puts it back, and should not fetch rows it never
+    /// writes.
     #[inline]
-    fn prefetch_upcoming(&self, cache: &RowCache) {
+    pub(crate) fn prefetch_upcoming(&self, cache: &RowCache) {
         if let Some(&id) = cache
             .ids
             .len()

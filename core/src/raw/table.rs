@@ -168,6 +168,7 @@ impl<'t, 'g> Writer<'t, 'g> {
                 .insert(key, hash, row, &mut self.budget, publish)
             {
                 Insert::Inserted => {
+                    self.table.rows.prefetch_upcoming(&self.cache);
                     self.inserted += 1;
                     return Ok((row, true));
                 }
@@ -177,7 +178,7 @@ impl<'t, 'g> Writer<'t, 'g> {
                 }
                 Insert::Migrating => self.catch_up(),
                 Insert::Full => {
-                    self.table.grow(self.index);
+                    self.table.grow(self.index, 0);
                     self.catch_up();
                 }
             }
@@ -305,12 +306,15 @@ impl Table {
     }
 
     /// Starts a migration out of `old` (if none has started) into an index
-    /// sized for twice its live keys.
-    fn grow(&self, old: Shared<'_, Index>) {
+    /// sized for twice its live keys, or for `min_keys` keys if that is more.
+    fn grow(&self, old: Shared<'_, Index>, min_keys: usize) {
         // SAFETY: loaded under a guard the caller holds (see `Writer::index`).
         let old = unsafe { old.deref() };
         if let Some(live_bound) = old.close() {
-            let capacity = live_bound.saturating_mul(2).max(MIN_CAPACITY);
+            let capacity = live_bound
+                .saturating_mul(2)
+                .max(min_keys.saturating_add(min_keys / 7))
+                .max(MIN_CAPACITY);
             old.next.store(
                 Owned::new(Index::with_capacity(capacity)),
                 Ordering::Release,
@@ -373,6 +377,22 @@ impl Table {
             unsafe { guard.defer_destroy(old_ptr) };
             guard.flush();
         }
+    }
+
+    /// Makes room for `additional` more keys, so that inserting them does
+    /// not resize the index again and again (one migration now instead of
+    /// several as the keys arrive). Other threads keep working meanwhile.
+    pub fn reserve(&self, additional: usize) {
+        let guard = self.epoch.pin();
+        let index = self.index.load(Ordering::Acquire, &guard);
+        // SAFETY: loaded under `guard` (see `Writer::index`).
+        let current = unsafe { index.deref() };
+        let needed = self.len().saturating_add(additional);
+        if needed <= current.capacity() - current.capacity() / 8 {
+            return;
+        }
+        self.grow(index, needed);
+        self.help_migrate(index, &guard);
     }
 
     /// Copies the rows of `keys` into `out`. Missing keys get `on_miss(i,
@@ -508,6 +528,7 @@ impl Table {
     ) -> Result<()> {
         let guard = self.epoch.pin();
         let mut writer = Writer::new(self, &guard);
+        let started_in = writer.index;
         let result = self.pipelined(
             keys,
             &guard,
@@ -516,7 +537,12 @@ impl Table {
             Access::Write,
             |writer, i, key, hash, _| op(writer, i, key, hash),
         );
+        let resized = writer.index != started_in;
         writer.finish();
+        drop(guard);
+        if resized {
+            self.epoch.reclaim();
+        }
         result
     }
 
@@ -632,5 +658,36 @@ impl Drop for Table {
             }
         }
         self.epoch.release_thread_handle();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserve_grows_once_so_inserts_do_not_resize() {
+        let table = Table::new(2, 0).unwrap();
+        table
+            .upsert(&[1, 2, 3], Positions::Dense, &[1.0; 6])
+            .unwrap();
+        table.reserve(10_000);
+        let capacity = table.capacity();
+        assert!(capacity - capacity / 8 >= 10_003, "capacity {capacity}");
+        let keys: Vec<u64> = (10..10_010).collect();
+        table
+            .upsert(&keys, Positions::Dense, &vec![2.0; keys.len() * 2])
+            .unwrap();
+        assert_eq!(table.capacity(), capacity, "no resize after reserve");
+        assert_eq!(table.len(), 10_003);
+        let mut out = vec![0.0; 4];
+        table
+            .lookup(&[2, 10_009], Positions::Dense, &mut out, |_, _, _| {
+                unreachable!("both present")
+            })
+            .unwrap();
+        assert_eq!(out, [1.0, 1.0, 2.0, 2.0]);
+        table.reserve(5);
+        assert_eq!(table.capacity(), capacity, "enough room: no change");
     }
 }

@@ -1,0 +1,92 @@
+//! `compare`: dynemb, its peers and the dense reference on one workload, in
+//! one process, one system after another.
+//!
+//! ```text
+//! cargo run --release -p dynemb-benches --bin compare -- [--keys N] [--dim D]
+//!     [--threads T[,T..]] [--batch B] [--json FILE] [--quick] [--systems S[,S..]]
+//! ```
+//!
+//! Progress goes to stderr; the report (Markdown tables) to stdout. See the
+//! crate docs of `dynemb_benches` for what is measured and how.
+
+use dynemb_benches::cli::{self, Command};
+use dynemb_benches::report::{ConfigInfo, Environment, Report, Settings};
+use dynemb_benches::suite::{self, Progress};
+use dynemb_benches::targets;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let options = match cli::parse(std::env::args().skip(1)) {
+        Ok(Command::Run(options)) => options,
+        Ok(Command::Help) => {
+            println!("{}", cli::USAGE);
+            return ExitCode::SUCCESS;
+        }
+        Err(message) => {
+            eprintln!("compare: {message}\n\n{}", cli::USAGE);
+            return ExitCode::from(2);
+        }
+    };
+    let plan = options.plan();
+    let progress = Progress::new();
+    let started = std::time::Instant::now();
+    let results = suite::run(&plan, &progress);
+
+    let main = &plan.configs[0].shape;
+    let target_threads = if plan.threads.contains(&2) {
+        2
+    } else {
+        plan.threads.iter().copied().max().unwrap_or(1)
+    };
+    let mut report = Report {
+        settings: Settings {
+            configs: plan
+                .configs
+                .iter()
+                .map(|c| ConfigInfo {
+                    keys: c.shape.keys,
+                    dim: c.shape.dim,
+                    batch: c.shape.batch,
+                    picks: c.shape.picks,
+                    ops: c.ops.clone(),
+                })
+                .collect(),
+            threads: plan.threads.clone(),
+            repeats: plan.repeats,
+            destructive_repeats: plan.destructive_repeats,
+            systems: plan.systems.clone(),
+            quick: options.quick,
+        },
+        environment: Environment::detect(),
+        measurements: results.measurements,
+        memory: results.memory,
+        resize: results.resize,
+        checkpoint: results.checkpoint,
+        runs: results.runs,
+        targets: Vec::new(),
+        wall_seconds: 0.0,
+    };
+    report.targets = targets::check(
+        &report.figures(main.dim, main.keys),
+        target_threads,
+        &report.resize,
+        &report.memory,
+    );
+    report.wall_seconds = started.elapsed().as_secs_f64();
+
+    println!("{}", report.render());
+    println!(
+        "Targets are stated for dim 64, 8388608 keys, 2 threads; checked here on dim {}, {} keys, \
+         {} threads.",
+        main.dim, main.keys, target_threads
+    );
+    if let Some(path) = &options.json {
+        let json = serde_json::to_string_pretty(&report).expect("report serializes");
+        if let Err(e) = std::fs::write(path, json + "\n") {
+            eprintln!("compare: cannot write {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+        progress.note(format_args!("wrote {}", path.display()));
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,308 @@
+//! The systems under test, behind one batch-level trait, [`Store`].
+//!
+//! Every system stores rows of `dim` `f32` keyed by `u64` and takes the same
+//! batches ([`Batch`]). Each adapter uses its system the way that system's
+//! documentation recommends; the module of each adapter says how:
+//!
+//! | system | adapter |
+//! |---|---|
+//! | `dynemb` | [`dynemb::Variable`], the public batched API ([`dynemb_store`]) |
+//! | `dashmap` | `DashMap<u64, Box<[f32]>>`, per key ([`dashmap_store`]) |
+//! | `papaya` | `papaya::HashMap<u64, Box<[f32]>>`, per key, one pin per batch ([`papaya_store`]) |
+//! | `scc` | `scc::HashMap<u64, Box<[f32]>>`, its sync API, per key ([`scc_store`]) |
+//! | `hashbrown+RwLock` | `RwLock<hashbrown::HashMap<u64, Box<[f32]>>>`, one lock per batch ([`hashbrown_store`]) |
+//! | `dense` | rows in one huge-page array by precomputed row index ([`dense`]) |
+//!
+//! All hash maps use ahash with fixed seeds (the hash function dynemb uses
+//! internally), instead of their default SipHash/foldhash, so no peer pays
+//! for a slower hasher. The peers store `Box<[f32]>` rows: the row width is a
+//! runtime value, so an inline `[f32; DIM]` is not available to them.
+//!
+//! Semantics shared by every adapter (checked against a `HashMap` model in
+//! the tests): `lookup` copies present rows and writes the initializer's row
+//! for missing keys through [`dynemb::Initializer::fill`], so the work per
+//! missing key is the same everywhere; `upsert` inserts or overwrites;
+//! `accum` adds the delta to present rows and ignores absent keys (dynemb's
+//! `accum` with every `exists` true); `insert` is given keys that are absent.
+
+pub mod dashmap_store;
+pub mod dense;
+pub mod dynemb_store;
+pub mod hashbrown_store;
+pub mod papaya_store;
+pub mod scc_store;
+
+use crate::workload::Batch;
+use dynemb::Initializer;
+use serde::Serialize;
+
+/// A table of rows under test, driven one batch at a time.
+///
+/// Row buffers are flat: `keys.len() * dim` values, row `i` at
+/// `[i * dim, (i + 1) * dim)`. Calls may come from several threads at once.
+pub trait Store: Sync {
+    /// Which system this is.
+    fn system(&self) -> System;
+
+    /// Whether `op` means anything for this system (the dense reference has
+    /// no insert, remove or export; see [`dense`]).
+    fn supports(&self, op: Op) -> bool {
+        let _ = op;
+        true
+    }
+
+    /// Stores the rows of keys that are not present yet.
+    fn insert(&self, batch: Batch<'_>, values: &[f32]);
+
+    /// Copies the rows of `batch` into `out`; a missing key gets the
+    /// initializer's row.
+    fn lookup(&self, batch: Batch<'_>, out: &mut [f32]);
+
+    /// Sets the rows of `batch` to `values`, inserting absent keys.
+    fn upsert(&self, batch: Batch<'_>, values: &[f32]);
+
+    /// Adds `deltas` to the rows of present keys; absent keys are ignored.
+    fn accum(&self, batch: Batch<'_>, deltas: &[f32]);
+
+    /// Removes the keys of `batch`; absent keys are ignored.
+    fn remove(&self, batch: Batch<'_>);
+
+    /// Copies every key and row out in chunks of at most `chunk_rows` rows
+    /// and hands each chunk (keys, rows) to `sink`. Returns the rows seen.
+    fn export(&self, chunk_rows: usize, sink: &mut dyn FnMut(&[u64], &[f32])) -> usize;
+
+    /// Number of keys stored.
+    fn len(&self) -> usize;
+
+    /// True when no key is stored.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes the system reports holding, if it reports any.
+    fn memory_bytes(&self) -> Option<usize> {
+        None
+    }
+}
+
+/// The operations a benchmark times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Op {
+    /// Lookup of stored keys, uniformly picked.
+    LookupHit,
+    /// Lookup of stored keys, Zipf-picked.
+    LookupHitZipf,
+    /// Lookup of absent keys, constant initializer.
+    LookupMissConstant,
+    /// Lookup of absent keys, random normal initializer.
+    LookupMissNormal,
+    /// Overwrite of stored keys' rows.
+    Upsert,
+    /// `row += delta` on stored keys.
+    Accum,
+    /// Growing an empty table to `keys` rows, through its resizes.
+    Insert,
+    /// Removing every stored key.
+    Remove,
+    /// Copying every key and row out.
+    Export,
+}
+
+impl Op {
+    /// Every op, in report order.
+    pub const ALL: [Op; 9] = [
+        Op::LookupHit,
+        Op::LookupHitZipf,
+        Op::LookupMissConstant,
+        Op::LookupMissNormal,
+        Op::Upsert,
+        Op::Accum,
+        Op::Insert,
+        Op::Remove,
+        Op::Export,
+    ];
+
+    /// Name in tables and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::LookupHit => "lookup hit (uniform)",
+            Op::LookupHitZipf => "lookup hit (zipf 1.1)",
+            Op::LookupMissConstant => "lookup miss (constant init)",
+            Op::LookupMissNormal => "lookup miss (random normal init)",
+            Op::Upsert => "upsert existing",
+            Op::Accum => "accum (row += delta)",
+            Op::Insert => "insert new (grow from empty)",
+            Op::Remove => "remove",
+            Op::Export => "export (rows/s)",
+        }
+    }
+}
+
+/// The systems under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum System {
+    /// dynemb's `Variable<u64>`.
+    #[serde(rename = "dynemb")]
+    Dynemb,
+    /// `dashmap::DashMap`.
+    #[serde(rename = "dashmap")]
+    DashMap,
+    /// `papaya::HashMap`.
+    #[serde(rename = "papaya")]
+    Papaya,
+    /// `scc::HashMap`.
+    #[serde(rename = "scc")]
+    Scc,
+    /// `hashbrown::HashMap` behind a `std::sync::RwLock`.
+    #[serde(rename = "hashbrown+RwLock")]
+    HashbrownRwLock,
+    /// The dense reference: no hashing at all.
+    #[serde(rename = "dense")]
+    Dense,
+}
+
+impl System {
+    /// Every system, in report order.
+    pub const ALL: [System; 6] = [
+        System::Dynemb,
+        System::DashMap,
+        System::Papaya,
+        System::Scc,
+        System::HashbrownRwLock,
+        System::Dense,
+    ];
+
+    /// Name in tables, JSON and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            System::Dynemb => "dynemb",
+            System::DashMap => "dashmap",
+            System::Papaya => "papaya",
+            System::Scc => "scc",
+            System::HashbrownRwLock => "hashbrown+RwLock",
+            System::Dense => "dense",
+        }
+    }
+
+    /// The system called `name` (also accepts `hashbrown`).
+    pub fn from_name(name: &str) -> Option<System> {
+        match name {
+            "hashbrown" => Some(System::HashbrownRwLock),
+            _ => System::ALL.into_iter().find(|s| s.name() == name),
+        }
+    }
+
+    /// True for the hash maps dynemb is compared with (not dynemb, not the
+    /// dense reference).
+    pub fn is_peer(self) -> bool {
+        !matches!(self, System::Dynemb | System::Dense)
+    }
+
+    /// An empty table of this system for `spec`.
+    pub fn build(self, spec: &Spec) -> Box<dyn Store> {
+        match self {
+            System::Dynemb => Box::new(dynemb_store::DynembStore::new(spec)),
+            System::DashMap => Box::new(dashmap_store::DashMapStore::new(spec)),
+            System::Papaya => Box::new(papaya_store::PapayaStore::new(spec)),
+            System::Scc => Box::new(scc_store::SccStore::new(spec)),
+            System::HashbrownRwLock => Box::new(hashbrown_store::HashbrownStore::new(spec)),
+            System::Dense => Box::new(dense::DenseStore::new(spec)),
+        }
+    }
+}
+
+/// What a table is built for.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    /// Values per row.
+    pub dim: usize,
+    /// Row of missing keys.
+    pub initializer: Initializer,
+    /// Most keys a batch will hold.
+    pub batch: usize,
+    /// Rows the dense reference reserves (the workload's key count). Hash
+    /// tables ignore it: they start empty and grow.
+    pub dense_rows: usize,
+}
+
+/// The hasher every peer uses: ahash with fixed seeds, as dynemb's index.
+pub(crate) fn hasher() -> ahash::RandomState {
+    ahash::RandomState::with_seeds(
+        0x243F_6A88_85A3_08D3,
+        0x1319_8A2E_0370_7344,
+        0xA409_3822_299F_31D0,
+        0x082E_FA98_EC4E_6C89,
+    )
+}
+
+/// Row `i` of a flat row buffer.
+#[inline]
+pub(crate) fn row(buf: &[f32], dim: usize, i: usize) -> &[f32] {
+    &buf[i * dim..(i + 1) * dim]
+}
+
+/// Row `i` of a flat row buffer, mutably.
+#[inline]
+pub(crate) fn row_mut(buf: &mut [f32], dim: usize, i: usize) -> &mut [f32] {
+    &mut buf[i * dim..(i + 1) * dim]
+}
+
+/// Export helper for the per-key peers: gathers `(key, row)` pairs into
+/// chunks of `chunk_rows` and hands each full chunk to `sink`.
+pub(crate) struct Chunker<'s> {
+    dim: usize,
+    chunk_rows: usize,
+    keys: Vec<u64>,
+    values: Vec<f32>,
+    rows: usize,
+    sink: &'s mut dyn FnMut(&[u64], &[f32]),
+}
+
+impl<'s> Chunker<'s> {
+    /// A chunker for rows of `dim` values.
+    pub(crate) fn new(
+        dim: usize,
+        chunk_rows: usize,
+        sink: &'s mut dyn FnMut(&[u64], &[f32]),
+    ) -> Self {
+        let chunk_rows = chunk_rows.max(1);
+        Chunker {
+            dim,
+            chunk_rows,
+            keys: Vec::with_capacity(chunk_rows),
+            values: Vec::with_capacity(chunk_rows * dim),
+            rows: 0,
+            sink,
+        }
+    }
+
+    /// Adds one row.
+    #[inline]
+    pub(crate) fn push(&mut self, key: u64, row: &[f32]) {
+        debug_assert_eq!(row.len(), self.dim);
+        self.keys.push(key);
+        self.values.extend_from_slice(row);
+        if self.keys.len() == self.chunk_rows {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        if !self.keys.is_empty() {
+            (self.sink)(&self.keys, &self.values);
+            self.rows += self.keys.len();
+            self.keys.clear();
+            self.values.clear();
+        }
+    }
+
+    /// Hands over the last partial chunk; returns the rows seen.
+    pub(crate) fn finish(mut self) -> usize {
+        self.flush();
+        self.rows
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,200 @@
+//! One data file of a checkpoint: a safetensors file with a `keys` tensor
+//! (the key type's own dtype, shape `[rows]`) and a `values` tensor (`F32`,
+//! shape `[rows, dim]`), both little-endian as safetensors requires.
+
+use super::manifest::{corrupt, FileEntry};
+use crate::raw::kernels::first_non_finite;
+use crate::Result;
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Bytes a data file aims for: files stay small so saving and loading hold
+/// one file's rows at a time.
+const TARGET_FILE_BYTES: usize = 16 << 20;
+
+/// How keys of a given type are written.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct KeyCodec {
+    dtype: Dtype,
+    width: usize,
+    signed: bool,
+}
+
+impl KeyCodec {
+    /// The codec for a key type name (`Key::TYPE_NAME`).
+    pub(crate) fn for_type(type_name: &str) -> KeyCodec {
+        let (dtype, width, signed) = match type_name {
+            "i64" => (Dtype::I64, 8, true),
+            "u64" => (Dtype::U64, 8, false),
+            "i32" => (Dtype::I32, 4, true),
+            _ => (Dtype::U32, 4, false),
+        };
+        KeyCodec {
+            dtype,
+            width,
+            signed,
+        }
+    }
+
+    /// Little-endian bytes of keys given as their 64-bit patterns (a view
+    /// of `bits` itself for 64-bit keys on little-endian machines).
+    fn encode(self, bits: &[u64]) -> Cow<'_, [u8]> {
+        if self.width == 8 && cfg!(target_endian = "little") {
+            return Cow::Borrowed(bytemuck::cast_slice(bits));
+        }
+        let mut out = Vec::with_capacity(bits.len() * self.width);
+        for &b in bits {
+            out.extend_from_slice(&b.to_le_bytes()[..self.width]);
+        }
+        Cow::Owned(out)
+    }
+
+    /// 64-bit patterns of little-endian keys (sign-extending signed 32-bit
+    /// keys, as `Key::to_bits` does).
+    fn decode(self, bytes: &[u8]) -> Vec<u64> {
+        bytes
+            .chunks_exact(self.width)
+            .map(|c| match (self.width, self.signed) {
+                (4, true) => i32::from_le_bytes(c.try_into().expect("4 bytes")) as i64 as u64,
+                (4, false) => u64::from(u32::from_le_bytes(c.try_into().expect("4 bytes"))),
+                _ => u64::from_le_bytes(c.try_into().expect("8 bytes")),
+            })
+            .collect()
+    }
+}
+
+/// Little-endian bytes of `values` (a view of them on little-endian
+/// machines).
+fn le_bytes(values: &[f32]) -> Cow<'_, [u8]> {
+    if cfg!(target_endian = "little") {
+        Cow::Borrowed(bytemuck::cast_slice(values))
+    } else {
+        Cow::Owned(values.iter().flat_map(|v| v.to_le_bytes()).collect())
+    }
+}
+
+/// Rows per file for rows of `dim` values and keys of `codec`.
+pub(crate) fn rows_per_file(dim: usize, codec: KeyCodec) -> usize {
+    (TARGET_FILE_BYTES / (dim * 4 + codec.width)).max(1)
+}
+
+/// The bytes of a data file holding `keys` (as bits) and their `values`.
+pub(crate) fn encode(codec: KeyCodec, keys: &[u64], values: &[f32], dim: usize) -> Vec<u8> {
+    let key_bytes = codec.encode(keys);
+    let value_bytes = le_bytes(values);
+    let tensors = [
+        (
+            "keys",
+            TensorView::new(codec.dtype, vec![keys.len()], &key_bytes)
+                .expect("key bytes match their shape"),
+        ),
+        (
+            "values",
+            TensorView::new(Dtype::F32, vec![keys.len(), dim], &value_bytes)
+                .expect("value bytes match their shape"),
+        ),
+    ];
+    let metadata = HashMap::from([("writer".to_string(), "dynemb".to_string())]);
+    safetensors::serialize(tensors, Some(metadata)).expect("tensor shapes are consistent")
+}
+
+/// Reads a data file and checks it against its manifest entry (size,
+/// checksum, tensor names, dtypes and shapes, finite values); returns its
+/// keys as bits and its values.
+pub(crate) fn read_verified(
+    dir: &Path,
+    entry: &FileEntry,
+    codec: KeyCodec,
+    dim: usize,
+) -> Result<(Vec<u64>, Vec<f32>)> {
+    let path = dir.join(&entry.file);
+    let bytes = std::fs::read(&path).map_err(|e| super::io_error(&path, &e))?;
+    if bytes.len() as u64 != entry.bytes {
+        return Err(corrupt(
+            &path,
+            format!(
+                "{} bytes, index.json says {} (truncated?)",
+                bytes.len(),
+                entry.bytes
+            ),
+        ));
+    }
+    let crc = crc32fast::hash(&bytes);
+    if crc != entry.crc32 {
+        return Err(corrupt(
+            &path,
+            format!(
+                "checksum {crc:#010x}, index.json says {:#010x}",
+                entry.crc32
+            ),
+        ));
+    }
+    let file = SafeTensors::deserialize(&bytes)
+        .map_err(|e| corrupt(&path, format!("not a safetensors file: {e}")))?;
+    let tensor = |name: &str, dtype: Dtype, shape: &[usize]| {
+        let view = file
+            .tensor(name)
+            .map_err(|_| corrupt(&path, format!("no {name:?} tensor")))?;
+        if view.dtype() != dtype || view.shape() != shape {
+            return Err(corrupt(
+                &path,
+                format!(
+                    "tensor {name:?} is {:?} {:?}, expected {dtype:?} {shape:?}",
+                    view.dtype(),
+                    view.shape()
+                ),
+            ));
+        }
+        Ok(view.data())
+    };
+    let keys = codec.decode(tensor("keys", codec.dtype, &[entry.rows])?);
+    let values: Vec<f32> = tensor("values", Dtype::F32, &[entry.rows, dim])?
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+        .collect();
+    if let Some(i) = first_non_finite(&values) {
+        return Err(corrupt(
+            &path,
+            format!("value {} of row {} is not finite", values[i], i / dim),
+        ));
+    }
+    Ok((keys, values))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_codecs_round_trip_every_width_and_sign() {
+        for (name, bits) in [
+            ("i64", vec![0, 1, u64::MAX, i64::MIN as u64]),
+            ("u64", vec![0, 1, u64::MAX, 1 << 63]),
+            (
+                "i32",
+                vec![0, -1i64 as u64, i32::MIN as i64 as u64, i32::MAX as u64],
+            ),
+            ("u32", vec![0, 1, u64::from(u32::MAX)]),
+        ] {
+            let codec = KeyCodec::for_type(name);
+            let bytes = codec.encode(&bits);
+            assert_eq!(bytes.len(), bits.len() * codec.width, "{name}");
+            assert_eq!(codec.decode(&bytes), bits, "{name}");
+            let portable: Vec<u8> = bits
+                .iter()
+                .flat_map(|b| b.to_le_bytes()[..codec.width].to_vec())
+                .collect();
+            assert_eq!(&*bytes, &portable[..], "{name}: little-endian");
+        }
+    }
+
+    #[test]
+    fn files_aim_at_the_target_size() {
+        let codec = KeyCodec::for_type("i64");
+        assert_eq!(rows_per_file(64, codec), TARGET_FILE_BYTES / 264);
+        assert_eq!(rows_per_file(1 << 30, codec), 1);
+    }
+}

@@ -1,0 +1,148 @@
+//! `index.json`: what a checkpoint holds and how to check it.
+
+use crate::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// Value of the `format` field.
+pub(crate) const FORMAT: &str = "dynemb-checkpoint";
+/// The format version this build writes and reads.
+pub(crate) const VERSION: u32 = 1;
+/// The manifest's file name inside a checkpoint directory.
+pub(crate) const MANIFEST: &str = "index.json";
+
+/// The checkpoint's table of contents (`index.json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Manifest {
+    /// Always [`FORMAT`].
+    pub format: String,
+    /// [`VERSION`] when written by this build.
+    pub version: u32,
+    /// The saved variable's name.
+    pub name: String,
+    /// Key type name (`Key::TYPE_NAME`: `i64`, `u64`, `i32`, `u32`).
+    pub key_type: String,
+    /// Values per row.
+    pub dim: usize,
+    /// Shards of the saved variable (files are per shard; loading
+    /// re-partitions, so this is informational).
+    pub shards: usize,
+    /// Names of the slot columns saved beside the values (`slot.<name>`
+    /// tensors). Empty until variables carry slot columns.
+    pub slots: Vec<String>,
+    /// Whether each file has a `scores` tensor (restrict policies).
+    pub scores: bool,
+    /// Most rows one file holds.
+    pub rows_per_file: usize,
+    /// Rows in all files together.
+    pub rows: u64,
+    /// The data files, in the order they were written.
+    pub files: Vec<FileEntry>,
+}
+
+/// One safetensors file of a checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FileEntry {
+    /// File name inside the checkpoint directory.
+    pub file: String,
+    /// The shard its rows came from.
+    pub shard: usize,
+    /// Rows it holds.
+    pub rows: usize,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// CRC-32 (IEEE) of its bytes.
+    pub crc32: u32,
+}
+
+/// The error for a checkpoint that cannot be used as it is.
+pub(crate) fn corrupt(path: &Path, reason: impl Into<String>) -> Error {
+    Error::Checkpoint {
+        path: path.display().to_string(),
+        reason: reason.into(),
+    }
+}
+
+impl Manifest {
+    /// Parses `index.json` bytes and checks the manifest is complete and
+    /// self-consistent (not yet against a variable).
+    pub(crate) fn parse(path: &Path, bytes: &[u8]) -> Result<Manifest> {
+        let manifest: Manifest = serde_json::from_slice(bytes)
+            .map_err(|e| corrupt(path, format!("unreadable index.json: {e}")))?;
+        if manifest.format != FORMAT {
+            return Err(corrupt(
+                path,
+                format!("format is {:?}, not {FORMAT:?}", manifest.format),
+            ));
+        }
+        if manifest.version != VERSION {
+            return Err(corrupt(
+                path,
+                format!(
+                    "format version {} (this build reads version {VERSION})",
+                    manifest.version
+                ),
+            ));
+        }
+        if !manifest.slots.is_empty() || manifest.scores {
+            return Err(corrupt(
+                path,
+                "holds slot or score columns, which this build's variables do not have",
+            ));
+        }
+        let total: u64 = manifest.files.iter().map(|f| f.rows as u64).sum();
+        if total != manifest.rows {
+            return Err(corrupt(
+                path,
+                format!("files hold {total} rows, index says {}", manifest.rows),
+            ));
+        }
+        for entry in &manifest.files {
+            let plain = Path::new(&entry.file)
+                .file_name()
+                .is_some_and(|name| name == entry.file.as_str());
+            if !plain {
+                return Err(corrupt(
+                    path,
+                    format!("file name {:?} is not a plain file name", entry.file),
+                ));
+            }
+            if entry.rows > manifest.rows_per_file {
+                return Err(corrupt(
+                    path,
+                    format!(
+                        "{} holds {} rows, more than rows_per_file {}",
+                        entry.file, entry.rows, manifest.rows_per_file
+                    ),
+                ));
+            }
+        }
+        Ok(manifest)
+    }
+
+    /// Checks that rows of this checkpoint fit a variable with these
+    /// properties.
+    pub(crate) fn check_fits(
+        &self,
+        path: &Path,
+        variable: &str,
+        key_type: &str,
+        dim: usize,
+    ) -> Result<()> {
+        if self.key_type == key_type && self.dim == dim {
+            return Ok(());
+        }
+        Err(Error::Mismatch {
+            name: variable.to_string(),
+            existing: format!(
+                "checkpoint {} with key type {}, dim {}",
+                path.display(),
+                self.key_type,
+                self.dim
+            ),
+            requested: format!("variable with key type {key_type}, dim {dim}"),
+        })
+    }
+}

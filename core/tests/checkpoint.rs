@@ -1,0 +1,486 @@
+//! Checkpoints: round trips, restore vs load, re-partitioning, saving while
+//! training, and every kind of bad checkpoint.
+
+use dynemb::{Error, Key, Variable};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// `n` keys spread over the key type's range, with negative ones for signed
+/// types.
+fn spread_keys<K: Key>(n: usize) -> Vec<K> {
+    (0..n as u64)
+        .map(|i| K::from_bits(i.wrapping_mul(0x9e37_79b9_7f4a_7c15)))
+        .collect()
+}
+
+/// Row of `key`: distinct per key and column.
+fn row_of(bits: u64, dim: usize) -> Vec<f32> {
+    (0..dim)
+        .map(|c| ((bits % 10_007) as f32) + c as f32 * 0.25)
+        .collect()
+}
+
+fn filled<K: Key>(name: &str, dim: usize, shards: usize, keys: &[K]) -> Variable<K> {
+    let var = Variable::<K>::builder(name)
+        .dim(dim)
+        .shards(shards)
+        .build()
+        .unwrap();
+    let values: Vec<f32> = keys.iter().flat_map(|k| row_of(k.to_bits(), dim)).collect();
+    var.upsert(keys, &values).unwrap();
+    var
+}
+
+/// The variable's contents as a map.
+fn contents<K: Key>(var: &Variable<K>) -> HashMap<K, Vec<f32>> {
+    let (keys, values) = var.export().unwrap();
+    let dim = var.dim();
+    keys.into_iter()
+        .zip(values.chunks(dim).map(<[f32]>::to_vec))
+        .collect()
+}
+
+fn round_trip<K: Key>() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ckpt");
+    let mut keys: Vec<K> = spread_keys(5_000);
+    keys.push(K::from_bits(0));
+    keys.push(K::from_bits(u64::MAX));
+    let var = filled("emb", 3, 2, &keys);
+    var.save(&path).unwrap();
+    let back = Variable::<K>::builder("emb")
+        .dim(3)
+        .shards(2)
+        .build()
+        .unwrap();
+    back.restore(&path).unwrap();
+    assert_eq!(back.size(), var.size());
+    assert_eq!(contents(&back), contents(&var), "{}", K::TYPE_NAME);
+}
+
+#[test]
+fn every_key_type_round_trips_exactly() {
+    round_trip::<i64>();
+    round_trip::<u64>();
+    round_trip::<i32>();
+    round_trip::<u32>();
+}
+
+#[test]
+fn checkpoint_is_index_json_plus_safetensors_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ckpt");
+    let var = filled::<i64>("tower/emb", 4, 3, &spread_keys(1_000));
+    var.save(&path).unwrap();
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(path.join("index.json")).unwrap()).unwrap();
+    assert_eq!(index["format"], "dynemb-checkpoint");
+    assert_eq!(index["version"], 1);
+    assert_eq!(index["name"], "tower/emb");
+    assert_eq!(index["key_type"], "i64");
+    assert_eq!(index["dim"], 4);
+    assert_eq!(index["shards"], 3);
+    assert_eq!(index["rows"], 1_000);
+    let files = index["files"].as_array().unwrap();
+    assert_eq!(files.len(), 3, "one file per non-empty shard at this size");
+    for file in files {
+        let name = file["file"].as_str().unwrap();
+        assert!(name.ends_with(".safetensors"));
+        let bytes = std::fs::read(path.join(name)).unwrap();
+        assert_eq!(bytes.len() as u64, file["bytes"].as_u64().unwrap());
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        leftovers,
+        vec!["ckpt"],
+        "no staging directory is left behind"
+    );
+}
+
+#[test]
+fn large_variables_are_split_into_bounded_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ckpt");
+    let var = filled::<u64>("big", 64, 1, &spread_keys(150_000));
+    var.save(&path).unwrap();
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(path.join("index.json")).unwrap()).unwrap();
+    let per_file = index["rows_per_file"].as_u64().unwrap();
+    let files = index["files"].as_array().unwrap();
+    assert!(
+        files.len() >= 3,
+        "150k rows of 64 floats span several files"
+    );
+    assert!(files
+        .iter()
+        .all(|f| f["rows"].as_u64().unwrap() <= per_file));
+    let back = Variable::<u64>::builder("big").dim(64).build().unwrap();
+    back.restore(&path).unwrap();
+    assert_eq!(contents(&back), contents(&var));
+}
+
+#[test]
+fn saving_again_replaces_the_previous_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ckpt");
+    let var = filled::<i64>("emb", 2, 1, &spread_keys(100));
+    var.save(&path).unwrap();
+    var.remove(&spread_keys::<i64>(50)).unwrap();
+    var.save(&path).unwrap();
+    let back = Variable::<i64>::builder("emb").dim(2).build().unwrap();
+    back.restore(&path).unwrap();
+    assert_eq!(back.size(), 50);
+    assert_eq!(contents(&back), contents(&var));
+}
+
+#[test]
+fn empty_variable_round_trips() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ckpt");
+    let var = Variable::<i64>::builder("emb").dim(2).build().unwrap();
+    var.save(&path).unwrap();
+    let back = filled::<i64>("emb", 2, 1, &spread_keys(10));
+    back.restore(&path).unwrap();
+    assert_eq!(back.size(), 0);
+}
+
+#[test]
+fn restore_replaces_and_load_upserts() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ckpt");
+    let saved = filled::<i64>("emb", 2, 2, &[1, 2, 3]);
+    saved.save(&path).unwrap();
+
+    let other = Variable::<i64>::builder("emb")
+        .dim(2)
+        .shards(2)
+        .build()
+        .unwrap();
+    other.upsert(&[3, 4], &[9.0, 9.0, 4.0, 4.0]).unwrap();
+    other.load(&path).unwrap();
+    let mut expected = contents(&saved);
+    expected.insert(4, vec![4.0, 4.0]);
+    assert_eq!(contents(&other), expected, "load keeps key 4, overwrites 3");
+
+    other.restore(&path).unwrap();
+    assert_eq!(contents(&other), contents(&saved), "restore drops key 4");
+}
+
+#[test]
+fn checkpoints_repartition_from_two_to_three_to_one_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys: Vec<i64> = spread_keys(3_000);
+    let two = filled("emb", 5, 2, &keys);
+    two.save(dir.path().join("two")).unwrap();
+
+    let three = Variable::<i64>::builder("emb")
+        .dim(5)
+        .shards(3)
+        .build()
+        .unwrap();
+    three.restore(dir.path().join("two")).unwrap();
+    assert_eq!(contents(&three), contents(&two));
+    for shard in 0..3 {
+        let expected = keys.iter().filter(|k| k.rem_euclid(3) == shard).count();
+        assert_eq!(three.shard_size(shard as usize).unwrap(), expected);
+    }
+    three.save(dir.path().join("three")).unwrap();
+
+    let one = Variable::<i64>::builder("emb").dim(5).build().unwrap();
+    one.restore(dir.path().join("three")).unwrap();
+    assert_eq!(one.size(), keys.len());
+    assert_eq!(contents(&one), contents(&two));
+}
+
+/// A variable, a checkpoint of it in `dir/ckpt`, and a copy of its contents.
+fn saved_fixture(dir: &Path) -> (Variable<i64>, HashMap<i64, Vec<f32>>) {
+    let var = filled::<i64>("emb", 4, 2, &spread_keys(2_000));
+    var.save(dir.join("ckpt")).unwrap();
+    let before = contents(&var);
+    (var, before)
+}
+
+/// Asserts that restoring and loading `dir` fail and leave `var` as it was.
+fn assert_rejected(var: &Variable<i64>, before: &HashMap<i64, Vec<f32>>, dir: &Path) -> Error {
+    let err = var.restore(dir).unwrap_err();
+    assert_eq!(
+        &contents(var),
+        before,
+        "restore left the variable as it was"
+    );
+    let again = var.load(dir).unwrap_err();
+    assert_eq!(&contents(var), before, "load left the variable as it was");
+    assert_eq!(err, again);
+    err
+}
+
+/// Path of the first data file of a checkpoint.
+fn first_data_file(ckpt: &Path) -> std::path::PathBuf {
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(ckpt.join("index.json")).unwrap()).unwrap();
+    ckpt.join(index["files"][0]["file"].as_str().unwrap())
+}
+
+#[test]
+fn missing_checkpoint_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let (var, before) = saved_fixture(dir.path());
+    let err = assert_rejected(&var, &before, &dir.path().join("nothing-here"));
+    assert!(matches!(err, Error::Checkpoint { .. }), "{err}");
+    assert!(err.to_string().contains("index.json is missing"), "{err}");
+}
+
+#[test]
+fn truncated_file_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let (var, before) = saved_fixture(dir.path());
+    let file = first_data_file(&dir.path().join("ckpt"));
+    let bytes = std::fs::read(&file).unwrap();
+    std::fs::write(&file, &bytes[..bytes.len() / 2]).unwrap();
+    let err = assert_rejected(&var, &before, &dir.path().join("ckpt"));
+    assert!(err.to_string().contains("truncated"), "{err}");
+}
+
+#[test]
+fn flipped_byte_fails_the_checksum() {
+    let dir = tempfile::tempdir().unwrap();
+    let (var, before) = saved_fixture(dir.path());
+    let file = first_data_file(&dir.path().join("ckpt"));
+    let mut bytes = std::fs::read(&file).unwrap();
+    let last = bytes.len() - 3;
+    bytes[last] ^= 0x40;
+    std::fs::write(&file, &bytes).unwrap();
+    let err = assert_rejected(&var, &before, &dir.path().join("ckpt"));
+    assert!(err.to_string().contains("checksum"), "{err}");
+}
+
+#[test]
+fn missing_data_file_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let (var, before) = saved_fixture(dir.path());
+    std::fs::remove_file(first_data_file(&dir.path().join("ckpt"))).unwrap();
+    let err = assert_rejected(&var, &before, &dir.path().join("ckpt"));
+    assert!(
+        matches!(
+            err,
+            Error::Io {
+                kind: std::io::ErrorKind::NotFound,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn garbled_index_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let (var, before) = saved_fixture(dir.path());
+    let ckpt = dir.path().join("ckpt");
+    std::fs::write(
+        ckpt.join("index.json"),
+        b"{\"format\": \"dynemb-checkpoint\"",
+    )
+    .unwrap();
+    let err = assert_rejected(&var, &before, &ckpt);
+    assert!(err.to_string().contains("unreadable index.json"), "{err}");
+
+    std::fs::write(ckpt.join("index.json"), b"{}").unwrap();
+    let err = assert_rejected(&var, &before, &ckpt);
+    assert!(err.to_string().contains("missing field"), "{err}");
+}
+
+#[test]
+fn future_format_version_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let (var, before) = saved_fixture(dir.path());
+    let ckpt = dir.path().join("ckpt");
+    let mut index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(ckpt.join("index.json")).unwrap()).unwrap();
+    index["version"] = 99.into();
+    std::fs::write(ckpt.join("index.json"), index.to_string()).unwrap();
+    let err = assert_rejected(&var, &before, &ckpt);
+    assert!(err.to_string().contains("format version 99"), "{err}");
+}
+
+#[test]
+fn wrong_dim_or_key_type_is_a_mismatch() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, _) = saved_fixture(dir.path());
+    let ckpt = dir.path().join("ckpt");
+
+    let wide = Variable::<i64>::builder("emb").dim(5).build().unwrap();
+    let err = wide.restore(&ckpt).unwrap_err();
+    assert!(matches!(err, Error::Mismatch { .. }), "{err}");
+    assert!(
+        err.to_string().contains("dim 4") && err.to_string().contains("dim 5"),
+        "{err}"
+    );
+
+    let unsigned = Variable::<u64>::builder("emb").dim(4).build().unwrap();
+    unsigned.upsert(&[7], &[1.0; 4]).unwrap();
+    let err = unsigned.load(&ckpt).unwrap_err();
+    assert!(
+        err.to_string().contains("key type i64") && err.to_string().contains("key type u64"),
+        "{err}"
+    );
+    assert_eq!(unsigned.size(), 1);
+}
+
+#[test]
+fn non_finite_values_in_a_file_are_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let var = filled::<i64>("emb", 2, 1, &[1, 2]);
+    var.save(&ckpt).unwrap();
+    // Rewrite the data file with a NaN and fix up its size and checksum, as
+    // a buggy external writer might.
+    let file = first_data_file(&ckpt);
+    let mut bytes = std::fs::read(&file).unwrap();
+    let nan = f32::NAN.to_le_bytes();
+    let at = bytes.len() - 4;
+    bytes[at..].copy_from_slice(&nan);
+    std::fs::write(&file, &bytes).unwrap();
+    let mut index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(ckpt.join("index.json")).unwrap()).unwrap();
+    index["files"][0]["crc32"] = crc32(&bytes).into();
+    std::fs::write(ckpt.join("index.json"), index.to_string()).unwrap();
+    let before = contents(&var);
+    let err = assert_rejected(&var, &before, &ckpt);
+    assert!(err.to_string().contains("not finite"), "{err}");
+}
+
+/// CRC-32 (IEEE), bit by bit: an independent check of the writer's.
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in bytes {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+#[test]
+fn saving_while_training_writes_consistent_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let dim = 16;
+    let stable: Vec<i64> = (0..20_000).collect();
+    let var = Variable::<i64>::builder("emb")
+        .dim(dim)
+        .shards(2)
+        .build()
+        .unwrap();
+    var.upsert(&stable, &vec![0.0; stable.len() * dim]).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // Every write makes all of a row's values equal.
+            let mut round = 1.0f32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                var.upsert(&stable, &vec![round; stable.len() * dim])
+                    .unwrap();
+                let fresh: Vec<i64> = (0..1_000)
+                    .map(|i| 1_000_000 + i + round as i64 * 1_000)
+                    .collect();
+                var.upsert(&fresh, &vec![round; fresh.len() * dim]).unwrap();
+                var.remove(&fresh[..500]).unwrap();
+                round += 1.0;
+            }
+        });
+        for _ in 0..5 {
+            var.save(&ckpt).unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    let back = Variable::<i64>::builder("emb").dim(dim).build().unwrap();
+    back.restore(&ckpt).unwrap();
+    let rows = contents(&back);
+    for key in &stable {
+        assert!(
+            rows.contains_key(key),
+            "key {key} present throughout was saved"
+        );
+    }
+    for (key, row) in rows {
+        assert!(
+            row.iter().all(|&v| v == row[0]),
+            "row of {key} is torn: {row:?}"
+        );
+    }
+}
+
+#[test]
+fn registry_saves_and_restores_every_checkpointed_variable() {
+    use dynemb::Registry;
+    let dir = tempfile::tempdir().unwrap();
+    let registry = Registry::new();
+    let tower = registry.scope("tower");
+    let user = tower
+        .get_variable(Variable::<i64>::builder("user").dim(3).shards(2))
+        .unwrap();
+    let item = tower
+        .get_variable(Variable::<u32>::builder("item").dim(2))
+        .unwrap();
+    let scratch = registry
+        .get_variable(Variable::<i64>::builder("scratch").dim(2).checkpoint(false))
+        .unwrap();
+    user.upsert(&[1, -2], &[1.0, 1.0, 1.0, 2.0, 2.0, 2.0])
+        .unwrap();
+    item.upsert(&[7], &[7.0, 7.0]).unwrap();
+    scratch.upsert(&[5], &[5.0, 5.0]).unwrap();
+    registry.save_all(dir.path()).unwrap();
+    assert!(dir.path().join("tower/user/index.json").exists());
+    assert!(dir.path().join("tower/item/index.json").exists());
+    assert!(
+        !dir.path().join("scratch").exists(),
+        "checkpoint(false) is skipped"
+    );
+    let (saved_user, saved_item) = (contents(&user), contents(&item));
+
+    // Train on: change everything, then restore the whole model.
+    user.upsert(&[1, 3], &[9.0; 6]).unwrap();
+    item.remove(&[7]).unwrap();
+    scratch.upsert(&[6], &[6.0, 6.0]).unwrap();
+    registry.restore_all(dir.path()).unwrap();
+    assert_eq!(contents(&user), saved_user);
+    assert_eq!(contents(&item), saved_item);
+    assert_eq!(
+        scratch.size(),
+        2,
+        "checkpoint(false) variables keep their rows"
+    );
+
+    // A registry with a variable that has no checkpoint: nothing changes.
+    let extra = tower
+        .get_variable(Variable::<i64>::builder("extra").dim(2))
+        .unwrap();
+    user.upsert(&[42], &[4.0; 3]).unwrap();
+    let before = contents(&user);
+    let err = registry.restore_all(dir.path()).unwrap_err();
+    assert!(err.to_string().contains("index.json is missing"), "{err}");
+    assert_eq!(contents(&user), before, "no variable was touched");
+    assert_eq!(extra.size(), 0);
+}
+
+#[test]
+fn names_that_would_leave_the_directory_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = dynemb::Registry::new();
+    registry
+        .scope("up")
+        .get_variable(Variable::<i64>::builder("..").dim(1))
+        .unwrap();
+    let err = registry.save_all(dir.path().join("model")).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    assert!(!dir.path().join("model").exists());
+}

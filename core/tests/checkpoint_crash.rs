@@ -1,0 +1,138 @@
+//! A save killed at any point leaves a complete checkpoint in place.
+//!
+//! The test re-runs its own binary as a child process that saves a variable
+//! over and over into a directory that already holds a checkpoint, kills it
+//! with SIGKILL after a varying delay, and checks that the directory restores
+//! to exactly one of the two versions, whole.
+
+use dynemb::Variable;
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// Environment variable telling the child which directory to save into.
+const CHILD_DIR: &str = "DYNEMB_CRASH_TEST_SAVE_DIR";
+const DIM: usize = 32;
+const ROWS: i64 = 200_000;
+
+/// The variable of a version: every row of version `v` holds `v` (and the
+/// key), so any mix of versions is visible.
+fn version(v: f32) -> Variable<i64> {
+    let var = Variable::<i64>::builder("emb")
+        .dim(DIM)
+        .shards(2)
+        .build()
+        .unwrap();
+    let keys: Vec<i64> = (0..ROWS).collect();
+    let values: Vec<f32> = keys
+        .iter()
+        .flat_map(|&k| {
+            [v, k as f32]
+                .into_iter()
+                .chain(std::iter::repeat_n(v, DIM - 2))
+        })
+        .collect();
+    var.upsert(&keys, &values).unwrap();
+    var
+}
+
+/// Which version a restored variable is, or a description of what is wrong.
+fn restored_version(dir: &Path) -> Result<f32, String> {
+    let var = Variable::<i64>::builder("emb").dim(DIM).build().unwrap();
+    var.restore(dir).map_err(|e| e.to_string())?;
+    let (keys, values) = var.export().map_err(|e| e.to_string())?;
+    if keys.len() != ROWS as usize {
+        return Err(format!("{} rows, expected {ROWS}", keys.len()));
+    }
+    let mut versions = HashMap::new();
+    for (key, row) in keys.iter().zip(values.chunks(DIM)) {
+        if row[1] != *key as f32 {
+            return Err(format!("row of key {key} holds key {}", row[1]));
+        }
+        *versions.entry(row[0].to_bits()).or_insert(0) += 1;
+    }
+    match versions.len() {
+        1 => Ok(f32::from_bits(*versions.keys().next().unwrap())),
+        _ => Err(format!("rows of several versions: {versions:?}")),
+    }
+}
+
+/// Environment variable telling the child which version to save.
+const CHILD_VERSION: &str = "DYNEMB_CRASH_TEST_VERSION";
+
+#[test]
+fn killed_save_leaves_a_complete_checkpoint() {
+    if let (Ok(dir), Ok(v)) = (std::env::var(CHILD_DIR), std::env::var(CHILD_VERSION)) {
+        // Child: save its version over and over, reporting each completed
+        // save, until killed.
+        let var = version(v.parse().unwrap());
+        println!("ready");
+        loop {
+            var.save(&dir).unwrap();
+            println!("saved");
+        }
+    }
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("ckpt");
+    version(1.0).save(&dir).unwrap();
+    let staging = root.path().join(".ckpt.dynemb-saving");
+    let (rounds, mut mid_save_kills, mut completed_rounds) = (10u64, 0, 0);
+    let mut previous = 1.0;
+    for round in 0..rounds {
+        let this = (round + 2) as f32;
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "killed_save_leaves_a_complete_checkpoint",
+                "--nocapture",
+            ])
+            .env(CHILD_DIR, &dir)
+            .env(CHILD_VERSION, this.to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        // (libtest prints its own lines first.)
+        while rx.recv().expect("the child starts") != "ready" {}
+        // Kill at a different point of the save (or of a later one) each round.
+        std::thread::sleep(Duration::from_millis(round * round * 23 % 700));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        reader.join().unwrap();
+        let saved = rx.try_iter().any(|line| line == "saved");
+        if staging.exists() {
+            mid_save_kills += 1;
+        }
+        let restored = restored_version(&dir).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        if saved {
+            completed_rounds += 1;
+            assert_eq!(
+                restored, this,
+                "round {round}: a completed save is what restores"
+            );
+        } else {
+            assert!(
+                restored == previous || restored == this,
+                "round {round}: restored version {restored}, expected {previous} or {this}"
+            );
+        }
+        previous = restored;
+    }
+    assert!(mid_save_kills > 0, "no kill landed inside a save");
+    // The next save cleans up after the killed one.
+    version(99.0).save(&dir).unwrap();
+    assert!(!staging.exists());
+    assert_eq!(restored_version(&dir), Ok(99.0));
+    println!("{rounds} rounds: {mid_save_kills} kills inside a save, {completed_rounds} after a completed save");
+}
