@@ -31,6 +31,11 @@ fn filled<K: Key>(name: &str, dim: usize, shards: usize, keys: &[K]) -> Variable
     var
 }
 
+/// A checkpoint's `index.json`, parsed.
+fn read_index(ckpt: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(ckpt.join("index.json")).unwrap()).unwrap()
+}
+
 /// The variable's contents as a map.
 fn contents<K: Key>(var: &Variable<K>) -> HashMap<K, Vec<f32>> {
     let (keys, values) = var.export().unwrap();
@@ -72,8 +77,7 @@ fn checkpoint_is_index_json_plus_safetensors_files() {
     let path = dir.path().join("ckpt");
     let var = filled::<i64>("tower/emb", 4, 3, &spread_keys(1_000));
     var.save(&path).unwrap();
-    let index: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(path.join("index.json")).unwrap()).unwrap();
+    let index: serde_json::Value = read_index(&path);
     assert_eq!(index["format"], "dynemb-checkpoint");
     assert_eq!(index["version"], 1);
     assert_eq!(index["name"], "tower/emb");
@@ -106,8 +110,7 @@ fn large_variables_are_split_into_bounded_files() {
     let path = dir.path().join("ckpt");
     let var = filled::<u64>("big", 64, 1, &spread_keys(150_000));
     var.save(&path).unwrap();
-    let index: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(path.join("index.json")).unwrap()).unwrap();
+    let index: serde_json::Value = read_index(&path);
     let per_file = index["rows_per_file"].as_u64().unwrap();
     let files = index["files"].as_array().unwrap();
     assert!(
@@ -219,8 +222,7 @@ fn assert_rejected(var: &Variable<i64>, before: &HashMap<i64, Vec<f32>>, dir: &P
 
 /// Path of the first data file of a checkpoint.
 fn first_data_file(ckpt: &Path) -> std::path::PathBuf {
-    let index: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(ckpt.join("index.json")).unwrap()).unwrap();
+    let index: serde_json::Value = read_index(&ckpt);
     ckpt.join(index["files"][0]["file"].as_str().unwrap())
 }
 
@@ -298,8 +300,7 @@ fn future_format_version_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
     let (var, before) = saved_fixture(dir.path());
     let ckpt = dir.path().join("ckpt");
-    let mut index: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(ckpt.join("index.json")).unwrap()).unwrap();
+    let mut index: serde_json::Value = read_index(&ckpt);
     index["version"] = 99.into();
     std::fs::write(ckpt.join("index.json"), index.to_string()).unwrap();
     let err = assert_rejected(&var, &before, &ckpt);
@@ -344,8 +345,7 @@ fn non_finite_values_in_a_file_are_rejected() {
     let at = bytes.len() - 4;
     bytes[at..].copy_from_slice(&nan);
     std::fs::write(&file, &bytes).unwrap();
-    let mut index: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(ckpt.join("index.json")).unwrap()).unwrap();
+    let mut index: serde_json::Value = read_index(&ckpt);
     index["files"][0]["crc32"] = crc32(&bytes).into();
     std::fs::write(ckpt.join("index.json"), index.to_string()).unwrap();
     let before = contents(&var);
