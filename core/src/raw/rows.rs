@@ -297,9 +297,22 @@ impl RowStore {
         self.write(row, Some(false), |_, _| {});
     }
 
-    /// Updates a row's values under its lock.
-    pub(crate) fn update(&self, row: u64, update: impl FnOnce(&[AtomicU64])) {
-        self.write(row, None, |_, words| update(words));
+    /// Updates a live row's values under its lock. Returns false, changing
+    /// nothing, if the row is dead: its key was removed after the caller
+    /// found the row (the caller then looks the key up again; while it is
+    /// pinned the dead row cannot be reused for another key).
+    #[must_use]
+    pub(crate) fn update(&self, row: u64, update: impl FnOnce(&[AtomicU64])) -> bool {
+        let words = self.main.row(row);
+        let state = &words[0];
+        let before = Self::lock(state);
+        if before & LIVE == 0 {
+            state.store(before, Ordering::Release);
+            return false;
+        }
+        update(&words[HEADER_WORDS..]);
+        state.store(before + VERSION_STEP, Ordering::Release);
+        true
     }
 
     /// Seqlock read of one row's words: copies the values into `out` and
@@ -371,11 +384,17 @@ mod tests {
             assert_eq!(store.read_live(id, &mut out), Some(id * 10));
             assert_eq!(out, [id as f32, 1.0, -(id as f32)]);
         }
-        store.update(ids[5], |words| axpy_row(words, 2.0, &[1.0, 1.0, 1.0]));
+        assert!(store.update(ids[5], |words| axpy_row(words, 2.0, &[1.0, 1.0, 1.0])));
         store.read(ids[5], &mut out);
         assert_eq!(out, [ids[5] as f32 + 2.0, 3.0, -(ids[5] as f32) + 2.0]);
         store.mark_dead(ids[5]);
         assert_eq!(store.read_live(ids[5], &mut out), None);
+        assert!(
+            !store.update(ids[5], |words| store_row(words, &[9.0; 3])),
+            "a dead row is not written"
+        );
+        store.read(ids[5], &mut out);
+        assert_eq!(out, [ids[5] as f32 + 2.0, 3.0, -(ids[5] as f32) + 2.0]);
         assert!(store.memory_bytes() >= 3000 * (2 + 2) * 8);
         store.release(cache);
     }
@@ -427,7 +446,7 @@ mod tests {
         std::thread::scope(|s| {
             s.spawn(|| {
                 for i in 0..if cfg!(miri) { 50 } else { 2000 } {
-                    store.update(row, |w| store_row(w, &[i as f32; 33]));
+                    assert!(store.update(row, |w| store_row(w, &[i as f32; 33])));
                 }
             });
             s.spawn(|| {

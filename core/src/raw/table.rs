@@ -439,9 +439,13 @@ impl Table {
         let dim = self.dim();
         let rows = rows_in(out.len(), dim, "out", keys.len())?;
         positions.check(keys.len(), rows, "out", dim)?;
-        self.write_batch(keys, |writer, i, key, hash| {
+        self.write_batch(keys, |writer, i, key, hash, found| {
             let at = positions.of(i) * dim;
             let dst = &mut out[at..at + dim];
+            if found != MISSING {
+                self.rows.read(found, dst);
+                return Ok(());
+            }
             let (row, inserted) = writer.find_or_insert(key, hash, |row| {
                 init(key, dst);
                 self.rows.write_new(row, key, dst);
@@ -459,16 +463,21 @@ impl Table {
         let dim = self.dim();
         let rows = rows_in(values.len(), dim, "values", keys.len())?;
         positions.check(keys.len(), rows, "values", dim)?;
-        self.write_batch(keys, |writer, i, key, hash| {
+        self.write_batch(keys, |writer, i, key, hash, found| {
             let at = positions.of(i) * dim;
             let src = &values[at..at + dim];
-            let (row, inserted) = writer.find_or_insert(key, hash, |row| {
-                self.rows.write_new(row, key, src);
-            })?;
-            if !inserted {
-                self.rows.update(row, |words| store_row(words, src));
+            if found != MISSING && self.rows.update(found, |words| store_row(words, src)) {
+                return Ok(());
             }
-            Ok(())
+            loop {
+                let (row, inserted) = writer.find_or_insert(key, hash, |row| {
+                    self.rows.write_new(row, key, src);
+                })?;
+                // A row found dead was removed meanwhile: insert the key again.
+                if inserted || self.rows.update(row, |words| store_row(words, src)) {
+                    return Ok(());
+                }
+            }
         })
     }
 
@@ -497,12 +506,18 @@ impl Table {
         // Keys this batch inserted, with the row it inserted: only that row
         // (not one another writer re-inserted meanwhile) gets later deltas.
         let mut inserted_here = HashMap::with_hasher(ahash::RandomState::with_seeds(1, 2, 3, 4));
-        self.write_batch(keys, |writer, i, key, hash| {
+        self.write_batch(keys, |writer, i, key, hash, found| {
             let p = positions.of(i);
             let delta = &deltas[p * dim..(p + 1) * dim];
             if exists[p] {
-                if let Some(row) = self.find(writer.index(), key, hash, writer.guard) {
-                    self.rows.update(row, |words| axpy_row(words, 1.0, delta));
+                // Absent when the pipeline looked: ignored. Removed since:
+                // look again (it may be back under a new row).
+                let mut row = found;
+                while row != MISSING && !self.rows.update(row, |words| axpy_row(words, 1.0, delta))
+                {
+                    row = self
+                        .find(writer.index(), key, hash, writer.guard)
+                        .unwrap_or(MISSING);
                 }
                 return Ok(());
             }
@@ -512,19 +527,24 @@ impl Table {
             if inserted {
                 inserted_here.insert(key, row);
             } else if inserted_here.get(&key) == Some(&row) {
-                self.rows.update(row, |words| axpy_row(words, 1.0, delta));
+                // If the row died (removed meanwhile), the delta goes with it.
+                let _ = self.rows.update(row, |words| axpy_row(words, 1.0, delta));
             }
             Ok(())
         })
     }
 
-    /// Runs `op(writer, i, key, hash)` for every key of a batch under one
-    /// pin, with the key's probe and row prefetched ahead (see
-    /// [`pipeline`](super::pipeline)).
+    /// Runs `op(writer, i, key, hash, found)` for every key of a batch under
+    /// one pin, with the key's probe and row prefetched ahead (see
+    /// [`pipeline`](super::pipeline)). `found` is the key's row as the
+    /// pipeline saw it a few keys earlier (or `MISSING`): an op may use it,
+    /// but must allow for the key having been removed since (a dead row
+    /// refuses [`RowStore::update`](super::rows::RowStore::update)) or
+    /// inserted since.
     fn write_batch(
         &self,
         keys: &[u64],
-        mut op: impl FnMut(&mut Writer<'_, '_>, usize, u64, u64) -> Result<()>,
+        mut op: impl FnMut(&mut Writer<'_, '_>, usize, u64, u64, u64) -> Result<()>,
     ) -> Result<()> {
         let guard = self.epoch.pin();
         let mut writer = Writer::new(self, &guard);
@@ -535,7 +555,7 @@ impl Table {
             &mut writer,
             |writer| writer.index(),
             Access::Write,
-            |writer, i, key, hash, _| op(writer, i, key, hash),
+            |writer, i, key, hash, found| op(writer, i, key, hash, found),
         );
         let resized = writer.index != started_in;
         writer.finish();
