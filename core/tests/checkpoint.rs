@@ -222,7 +222,7 @@ fn assert_rejected(var: &Variable<i64>, before: &HashMap<i64, Vec<f32>>, dir: &P
 
 /// Path of the first data file of a checkpoint.
 fn first_data_file(ckpt: &Path) -> std::path::PathBuf {
-    let index: serde_json::Value = read_index(&ckpt);
+    let index: serde_json::Value = read_index(ckpt);
     ckpt.join(index["files"][0]["file"].as_str().unwrap())
 }
 
