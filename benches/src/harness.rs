@@ -105,15 +105,10 @@ fn parse_vm_rss(status: &str) -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// Returns the allocator's free memory to the OS (glibc `malloc_trim`), so
-/// RSS measured next counts only live memory. A no-op elsewhere.
+/// Returns the allocator's free memory to the OS, so RSS measured next
+/// counts only live memory ([`dynemb::raw::release_free_heap`]).
 pub fn release_free_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: `malloc_trim` has no preconditions: it only releases pages the
-    // allocator holds free, and never touches live allocations.
-    unsafe {
-        libc::malloc_trim(0);
-    }
+    dynemb::raw::release_free_heap();
 }
 
 /// Clock ticks per second of `/proc/stat` and `/proc/self/stat` (Linux's

@@ -13,11 +13,10 @@
 //! - the same prefetching: the row [`PREFETCH_AHEAD`] keys ahead is
 //!   prefetched with `prefetch_span`, as far ahead as dynemb prefetches
 //!   rows;
-//! - the same pages: the array is marked `MADV_HUGEPAGE` before it is first
-//!   touched (dynemb maps its large arrays 2 MiB-aligned with
-//!   `MADV_HUGEPAGE`; with transparent huge pages in `madvise` mode neither
-//!   would get huge pages otherwise). Here the hint covers the 2 MiB-aligned
-//!   interior of a global-allocator block: all but at most 2 MiB at each end.
+//! - the same pages: the array comes from [`dynemb::raw::zeroed_words`], the
+//!   allocation dynemb's row segments use (2 MiB-aligned anonymous mapping
+//!   marked `MADV_HUGEPAGE`; with transparent huge pages in `madvise` mode
+//!   neither would get huge pages otherwise).
 //!
 //! Lookup is a gather, upsert a scatter, accumulate a scatter-add, a miss
 //! fills the initializer's row. Insert, remove and export mean nothing for a
@@ -27,8 +26,8 @@
 use super::{row, row_mut, Op, Spec, Store, System};
 use crate::workload::{Batch, NO_ROW};
 use dynemb::raw::kernels::{axpy_row, load_row, prefetch_span, store_row, words_for_dim};
+use dynemb::raw::{zeroed_words, ZeroedWords};
 use dynemb::Initializer;
-use std::mem::MaybeUninit;
 use std::sync::atomic::AtomicU64;
 
 /// How many keys ahead a row is prefetched: dynemb's pipeline prefetches a
@@ -39,12 +38,9 @@ use std::sync::atomic::AtomicU64;
 /// handicapped one.
 pub const PREFETCH_AHEAD: usize = 12;
 
-/// Huge page size assumed for the `MADV_HUGEPAGE` hint.
-const HUGE_PAGE: usize = 2 << 20;
-
 /// Rows in one huge-page array by row index.
 pub struct DenseStore {
-    words: Vec<AtomicU64>,
+    words: ZeroedWords,
     dim: usize,
     /// Words per row.
     stride: usize,
@@ -56,7 +52,7 @@ impl DenseStore {
     pub fn new(spec: &Spec) -> Self {
         let stride = words_for_dim(spec.dim);
         DenseStore {
-            words: huge_page_words(spec.dense_rows * stride),
+            words: zeroed_words(spec.dense_rows * stride),
             dim: spec.dim,
             stride,
             init: spec.initializer.clone(),
@@ -139,38 +135,4 @@ impl Store for DenseStore {
     fn memory_bytes(&self) -> Option<usize> {
         Some(self.words.len() * 8)
     }
-}
-
-/// `len` zeroed words whose pages were marked `MADV_HUGEPAGE` before the
-/// first write touched them.
-fn huge_page_words(len: usize) -> Vec<AtomicU64> {
-    let mut words: Vec<AtomicU64> = Vec::with_capacity(len);
-    advise_huge_pages(words.spare_capacity_mut());
-    words.resize_with(len, || AtomicU64::new(0));
-    words
-}
-
-/// Asks the kernel to back the 2 MiB-aligned interior of `mem` with huge
-/// pages (Linux; elsewhere a no-op).
-fn advise_huge_pages<T>(mem: &mut [MaybeUninit<T>]) {
-    let start = mem.as_mut_ptr().addr();
-    let end = start + std::mem::size_of_val(mem);
-    let (first, last) = (
-        start.next_multiple_of(HUGE_PAGE),
-        end / HUGE_PAGE * HUGE_PAGE,
-    );
-    #[cfg(target_os = "linux")]
-    if first < last {
-        let at = mem.as_mut_ptr().cast::<u8>().wrapping_add(first - start);
-        // SAFETY: `[first, last)` lies inside `mem`, memory this function
-        // borrows mutably, and is page-aligned. MADV_HUGEPAGE only sets a
-        // flag on the mapping (which pages may back it); it never changes or
-        // frees contents, so no Rust value is affected. A failure (e.g. THP
-        // disabled) leaves ordinary pages, which is fine.
-        unsafe {
-            libc::madvise(at.cast(), last - first, libc::MADV_HUGEPAGE);
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = (first, last);
 }

@@ -154,8 +154,9 @@ impl Index {
         std::mem::size_of_val(&*self.tags) + std::mem::size_of_val(&*self.slots)
     }
 
-    /// Reservations stop past this many used slots.
-    fn threshold(&self) -> usize {
+    /// Reservations stop past this many used slots: the most keys the index
+    /// holds before it must grow.
+    pub(crate) fn threshold(&self) -> usize {
         self.capacity() - self.capacity() / 8
     }
 

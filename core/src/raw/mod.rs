@@ -10,6 +10,8 @@
 //! - `pipeline`: the software pipeline batched operations walk their keys in;
 //! - `epoch`: the table's dedicated epoch collector;
 //! - `fs`: the atomic directory exchange checkpoints publish with;
+//! - `zeroed`: zeroed (huge-page) arrays, also public as [`zeroed_words`]
+//!   for benchmarks, with [`release_free_heap`] for memory measurements;
 //! - [`Table`]: one shard, built from the above, with batched operations.
 
 mod epoch;
@@ -27,3 +29,4 @@ pub(crate) mod tags;
 mod zeroed;
 
 pub use table::{Positions, Table, MAX_DIM};
+pub use zeroed::{release_free_heap, zeroed_words, ZeroedWords};

@@ -388,7 +388,7 @@ impl Table {
         // SAFETY: loaded under `guard` (see `Writer::index`).
         let current = unsafe { index.deref() };
         let needed = self.len().saturating_add(additional);
-        if needed <= current.capacity() - current.capacity() / 8 {
+        if needed <= current.threshold() {
             return;
         }
         self.grow(index, needed);

@@ -87,6 +87,40 @@ impl<T> Drop for ZeroedSlice<T> {
     }
 }
 
+/// Zeroed `AtomicU64` words allocated exactly as the row arena's segments
+/// are (huge-page mapped from 2 MiB up): for code outside the table that
+/// must see the same memory behaviour, such as the benchmarks' dense
+/// reference.
+pub struct ZeroedWords(ZeroedSlice<std::sync::atomic::AtomicU64>);
+
+impl std::ops::Deref for ZeroedWords {
+    type Target = [std::sync::atomic::AtomicU64];
+
+    #[inline]
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+/// `len` zeroed words, cache-line aligned, on huge pages when large (see the
+/// module docs). Running out of memory aborts, as for `Vec`.
+pub fn zeroed_words(len: usize) -> ZeroedWords {
+    ZeroedWords(zeroed_slice(len, 64))
+}
+
+/// Gives the global allocator's free memory back to the operating system
+/// (glibc `malloc_trim`; a no-op elsewhere), so that the process's resident
+/// size counts live memory only. For measurements, such as the benchmarks'
+/// memory per row; the table itself never needs it.
+pub fn release_free_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu", not(miri)))]
+    // SAFETY: `malloc_trim` has no preconditions: it only returns pages the
+    // allocator holds free, and never touches live allocations.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// An array of `len` zero values, aligned to at least `align` bytes (a
 /// power of two). Running out of memory aborts, as for `Vec`.
 pub(crate) fn zeroed_slice<T: Zeroable>(len: usize, align: usize) -> ZeroedSlice<T> {
@@ -186,7 +220,20 @@ fn map_huge(bytes: usize) -> Option<(NonNull<u8>, Backing)> {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
+    use super::{release_free_heap, zeroed_words};
     use std::sync::atomic::{AtomicU64, Ordering};
+
+    #[test]
+    fn public_words_start_zeroed() {
+        let words = zeroed_words(3 << 18);
+        assert_eq!(words.len(), 3 << 18);
+        assert_eq!(words.as_ptr().addr() % 64, 0);
+        assert!(words
+            .iter()
+            .step_by(4099)
+            .all(|w| w.load(Ordering::Relaxed) == 0));
+        release_free_heap();
+    }
 
     #[test]
     fn slices_start_zeroed_and_are_writable() {
