@@ -295,31 +295,73 @@ impl Registry {
     /// checkpoint is replaced atomically; the set as a whole is not (a crash
     /// part-way leaves some variables at the new save and the rest at the
     /// previous one). Variables with `checkpoint(false)` are skipped.
+    ///
+    /// One checkpoint directory cannot hold another, so a set of names in
+    /// which one is a directory of another (`a` and `a/b`) is an
+    /// [`Error::InvalidArgument`] before anything is written, as is a name
+    /// with a component starting with `.` (such names are reserved for the
+    /// staging and lock files beside each checkpoint).
     pub fn save_all(&self, dir: impl AsRef<Path>) -> Result<()> {
-        for variable in self.variables().iter().filter(|v| v.checkpoint()) {
-            variable.save(checkpoint_dir(dir.as_ref(), variable.name())?)?;
+        let saved = self.checkpointed()?;
+        for variable in &saved {
+            variable.save(checkpoint_dir(dir.as_ref(), variable.name()))?;
         }
         Ok(())
     }
 
     /// Restores every variable whose `checkpoint` flag is set from
     /// `dir/<name>`, as saved by [`Registry::save_all`]. Every checkpoint is
-    /// checked first (present, intact, matching key type and dim); if any is
-    /// not, nothing is changed. Variables with `checkpoint(false)` keep their
-    /// contents; checkpoints of names the registry does not have are ignored.
+    /// checked first (present, intact, matching key type and dim) and locked
+    /// against saves until all are applied; if any is not usable, nothing is
+    /// changed. Variables with `checkpoint(false)` keep their contents;
+    /// checkpoints of names the registry does not have are ignored.
     pub fn restore_all(&self, dir: impl AsRef<Path>) -> Result<()> {
+        let saved = self.checkpointed()?;
+        let verified = saved
+            .iter()
+            .map(|variable| {
+                variable.verify_checkpoint(&checkpoint_dir(dir.as_ref(), variable.name()))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        for (variable, verified) in saved.iter().zip(&verified) {
+            variable.apply_checkpoint(verified, true)?;
+        }
+        Ok(())
+    }
+
+    /// The variables `save_all` and `restore_all` cover, once their names
+    /// are checked to make checkpoint directories that do not overlap.
+    fn checkpointed(&self) -> Result<Vec<AnyVariable>> {
         let saved: Vec<AnyVariable> = self
             .variables()
             .into_iter()
             .filter(AnyVariable::checkpoint)
             .collect();
-        for variable in &saved {
-            variable.verify_checkpoint(&checkpoint_dir(dir.as_ref(), variable.name())?)?;
+        let mut names: Vec<&str> = saved.iter().map(AnyVariable::name).collect();
+        if let Some(name) = names
+            .iter()
+            .find(|name| name.split('/').any(|part| part.starts_with('.')))
+        {
+            return Err(Error::InvalidArgument(format!(
+                "variable name {name:?} cannot be a checkpoint directory: components starting \
+                 with '.' are reserved for checkpoint staging and lock files"
+            )));
         }
-        for variable in &saved {
-            variable.apply_checkpoint(&checkpoint_dir(dir.as_ref(), variable.name())?, true)?;
+        names.sort_unstable();
+        // The names starting with `outer` follow it in sorted order.
+        for (i, outer) in names.iter().enumerate() {
+            let nested = names[i + 1..]
+                .iter()
+                .take_while(|name| name.starts_with(outer))
+                .find(|name| name.as_bytes().get(outer.len()) == Some(&b'/'));
+            if let Some(inner) = nested {
+                return Err(Error::InvalidArgument(format!(
+                    "variables {outer:?} and {inner:?} cannot both be checkpointed under one \
+                     directory: {outer:?}'s checkpoint directory would hold {inner:?}'s"
+                )));
+            }
         }
-        Ok(())
+        Ok(saved)
     }
 
     /// Whether a variable called `name` (full name) has been created.
@@ -388,15 +430,12 @@ impl Registry {
     }
 }
 
-/// Where [`Registry::save_all`] puts a variable's checkpoint: `root/<name>`,
-/// refusing names whose components would leave `root` (`.`, `..`).
-fn checkpoint_dir(root: &Path, name: &str) -> Result<PathBuf> {
-    if name.split('/').any(|part| part == "." || part == "..") {
-        return Err(Error::InvalidArgument(format!(
-            "variable name {name:?} cannot be a checkpoint directory (it has a '.' or '..' component)"
-        )));
-    }
-    Ok(root.join(name))
+/// Where [`Registry::save_all`] puts a variable's checkpoint: `root/<name>`.
+/// Names are checked by [`Registry::checkpointed`] and by `validate_name`
+/// (no empty component), and a `..` component starts with `.`, so the
+/// result stays inside `root`.
+fn checkpoint_dir(root: &Path, name: &str) -> PathBuf {
+    root.join(name)
 }
 
 #[cfg(test)]

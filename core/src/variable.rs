@@ -836,16 +836,14 @@ impl<K: Key> Variable<K> {
     /// finite values); if anything is wrong the variable is left as it was.
     /// The checkpoint may come from a variable with another shard count.
     pub fn restore(&self, dir: impl AsRef<Path>) -> Result<()> {
-        checkpoint::verify(self, dir.as_ref())?;
-        checkpoint::apply(self, dir.as_ref(), true)
+        checkpoint::read_into(self, dir.as_ref(), true)
     }
 
     /// Upserts the rows of the checkpoint at `dir` into the variable (keys
     /// not in the checkpoint keep their rows). Checked first like
     /// [`Variable::restore`].
     pub fn load(&self, dir: impl AsRef<Path>) -> Result<()> {
-        checkpoint::verify(self, dir.as_ref())?;
-        checkpoint::apply(self, dir.as_ref(), false)
+        checkpoint::read_into(self, dir.as_ref(), false)
     }
 
     /// The variable's shards, for the checkpoint writer.

@@ -93,14 +93,15 @@ fn checkpoint_is_index_json_plus_safetensors_files() {
         let bytes = std::fs::read(path.join(name)).unwrap();
         assert_eq!(bytes.len() as u64, file["bytes"].as_u64().unwrap());
     }
-    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+    let mut leftovers: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();
+    leftovers.sort();
     assert_eq!(
         leftovers,
-        vec!["ckpt"],
-        "no staging directory is left behind"
+        vec![".ckpt.dynemb-lock", "ckpt"],
+        "the lock file stays; no staging directory is left behind"
     );
 }
 

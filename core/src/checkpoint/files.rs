@@ -3,6 +3,12 @@
 //! shape `[rows, dim]`), a `slot.<name>` tensor per slot column (`F32`,
 //! `[rows, dim]`) and, with a restrict policy, a `scores` tensor (`U64`,
 //! `[rows]`), all little-endian as safetensors requires.
+//!
+//! Files are untrusted input: a file is read only if it is a regular file no
+//! larger than its manifest entry says and no larger than a save of the
+//! variable's rows could write ([`max_file_bytes`]), so memory stays bounded
+//! whatever a checkpoint claims; then its size, checksum, tensors, dtypes,
+//! shapes and values are checked before any row is used.
 
 use super::manifest::{corrupt, FileEntry};
 use crate::raw::kernels::first_non_finite;
@@ -11,6 +17,7 @@ use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::io::Read;
 use std::path::Path;
 
 /// Bytes a data file aims for: files stay small so saving and loading hold
@@ -95,6 +102,50 @@ pub(crate) fn rows_per_file(dim: usize, codec: KeyCodec, slots: usize, scored: b
     (TARGET_FILE_BYTES / row_bytes).max(1)
 }
 
+/// Room for a data file's safetensors header (tensor names, dtypes, shapes
+/// and offsets as JSON, padded) beyond its rows' bytes.
+const MAX_HEADER_BYTES: usize = 64 << 10;
+
+/// The largest data file a save writes for rows like these: the target size
+/// or one row, whichever is larger, plus its header. Reading refuses larger
+/// files before reading them, so a checkpoint's claims never decide how
+/// much memory a restore takes.
+pub(crate) fn max_file_bytes(dim: usize, codec: KeyCodec, slots: usize, scored: bool) -> u64 {
+    let row_bytes = (dim as u64)
+        .saturating_mul(4 * (1 + slots as u64))
+        .saturating_add(codec.width as u64 + if scored { 8 } else { 0 });
+    row_bytes
+        .max(TARGET_FILE_BYTES as u64)
+        .saturating_add(row_bytes)
+        .saturating_add(MAX_HEADER_BYTES as u64)
+}
+
+/// Reads the regular file at `path` if it holds at most `max_bytes`
+/// (checked before reading; a special file such as a FIFO or a device is
+/// refused without being opened).
+pub(crate) fn read_bounded(path: &Path, max_bytes: u64) -> Result<Vec<u8>> {
+    let io = |e: std::io::Error| super::io_error(path, &e);
+    if !std::fs::metadata(path).map_err(io)?.is_file() {
+        return Err(corrupt(path, "not a regular file"));
+    }
+    let file = std::fs::File::open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    if len > max_bytes {
+        return Err(corrupt(
+            path,
+            format!("{len} bytes, more than the {max_bytes} expected"),
+        ));
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    file.take(max_bytes + 1)
+        .read_to_end(&mut bytes)
+        .map_err(io)?;
+    if bytes.len() as u64 > max_bytes {
+        return Err(corrupt(path, "grew while being read"));
+    }
+    Ok(bytes)
+}
+
 /// The tensor name of a slot column.
 pub(crate) fn slot_tensor(name: &str) -> String {
     format!("slot.{name}")
@@ -154,9 +205,19 @@ pub(crate) fn read_verified(
     dim: usize,
     slot_names: &[String],
     scored: bool,
+    max_bytes: u64,
 ) -> Result<FileRows> {
     let path = dir.join(&entry.file);
-    let bytes = std::fs::read(&path).map_err(|e| super::io_error(&path, &e))?;
+    if entry.bytes > max_bytes {
+        return Err(corrupt(
+            &path,
+            format!(
+                "index.json says {} bytes, more than the {max_bytes} a checkpoint file of this variable can have",
+                entry.bytes
+            ),
+        ));
+    }
+    let bytes = read_bounded(&path, entry.bytes)?;
     if bytes.len() as u64 != entry.bytes {
         return Err(corrupt(
             &path,

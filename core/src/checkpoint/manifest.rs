@@ -141,14 +141,28 @@ impl Manifest {
                 ));
             }
         }
-        let total: u64 = manifest.files.iter().map(|f| f.rows as u64).sum();
-        if total != manifest.rows {
+        let total = manifest
+            .files
+            .iter()
+            .try_fold(0_u64, |sum, f| sum.checked_add(f.rows as u64));
+        if total != Some(manifest.rows) {
             return Err(corrupt(
                 path,
-                format!("files hold {total} rows, index says {}", manifest.rows),
+                format!(
+                    "files hold {} rows, index says {}",
+                    total.map_or("too many".to_string(), |t| t.to_string()),
+                    manifest.rows
+                ),
             ));
         }
+        let mut names = std::collections::HashSet::new();
         for entry in &manifest.files {
+            if !names.insert(entry.file.as_str()) {
+                return Err(corrupt(
+                    path,
+                    format!("file {:?} is listed twice", entry.file),
+                ));
+            }
             let plain = Path::new(&entry.file)
                 .file_name()
                 .is_some_and(|name| name == entry.file.as_str());

@@ -15,19 +15,32 @@
 //! time, never for the whole table. Python reads it with `safetensors` and
 //! numpy (see the README).
 //!
-//! # Crash safety
+//! # Crash safety and concurrent saves
 //!
-//! `save(dir)` writes everything into the sibling directory
-//! `.<name>.dynemb-saving`, fsyncs every file and the directory, and only then
-//! puts it in place: on Linux by atomically exchanging it with the old `dir`
-//! (`renameat2(RENAME_EXCHANGE)`) and deleting the old one afterwards, so a
-//! save killed at any moment leaves either the previous checkpoint or the new
-//! one at `dir`, complete. Elsewhere the old directory is first renamed aside,
-//! which leaves a short window with no checkpoint at `dir` (the previous one is
-//! then at `.<name>.dynemb-previous`). A leftover staging directory from a
-//! killed save is removed by the next save. One process saves to a given
-//! directory at a time.
+//! `save(dir)` writes everything into a staging directory of its own beside
+//! `dir` (`.<name>.dynemb-saving-<pid>-<n>`), fsyncs every file and the
+//! directory, and only then puts it in place: on Linux by atomically
+//! exchanging it with the old `dir` (`renameat2(RENAME_EXCHANGE)`) and
+//! deleting the old one afterwards, so a save killed at any moment leaves
+//! either the previous checkpoint or the new one at `dir`, complete.
+//! Elsewhere the old directory is first renamed aside, which leaves a short
+//! window with no checkpoint at `dir` (the previous one is then at
+//! `.<name>.dynemb-previous`). A staging directory left by a killed save is
+//! removed by the next save.
 //!
+//! Saves and restores of one directory, from threads of one process or from
+//! several processes, coordinate through a lock file beside it
+//! (`.<name>.dynemb-lock`; see the private `lock` module): saves write their files in
+//! parallel and publish one at a time (the last to publish wins, and every
+//! published checkpoint is whole), and a restore or load holds off every
+//! publish from the moment it opens the checkpoint until it has applied it.
+//!
+//! A save replaces only a checkpoint: a path that is a regular file, or a
+//! directory holding anything but checkpoint files (the user's files,
+//! another checkpoint nested inside) is an [`Error::InvalidArgument`] before
+//! anything is written. A symlink to a checkpoint directory stays a symlink
+//! to the new checkpoint (see the private `place` module).
+
 //! # What a save captures
 //!
 //! Saving runs while other threads train. Every row written is consistent (one
@@ -42,12 +55,24 @@
 //!
 //! Both first read and check the whole checkpoint (index, sizes, checksums,
 //! tensor names, dtypes and shapes, key type and dim against the variable,
-//! finite values) and return an error before touching the variable if
-//! anything is wrong. Then `restore` clears the variable and inserts the
-//! saved rows (all or nothing with respect to a bad checkpoint; other threads
-//! writing meanwhile see the table being refilled), while `load` upserts them
-//! into what is there. Rows go through the variable's partitioner, so a
-//! checkpoint saved with any shard count loads into any other.
+//! finite values, every key's shard under the variable's partitioner,
+//! timestamps no more than a day ahead of this machine's clock) and return
+//! an error before touching the variable if anything is wrong. Then
+//! `restore` clears the variable and inserts the saved rows, while `load`
+//! upserts them into what is there; other threads writing meanwhile see the
+//! table being refilled. The rows applied are the ones verified: the
+//! checkpoint stays locked against saves from the first read to the last
+//! row, and every file is checked again as it is read a second time. What
+//! can still fail after the check is the disk itself (an I/O error), or
+//! another program rewriting the files in place, which dynemb never does;
+//! the error then says so and the variable holds part of the checkpoint.
+//! Rows go through the variable's partitioner, so a checkpoint saved with
+//! any shard count loads into any other.
+//!
+//! Checkpoint bytes are untrusted: `index.json` is read only up to 64 MiB,
+//! a data file only if it is a regular file no larger than a save of these
+//! rows could write, and every count is checked arithmetic, so memory stays
+//! bounded and nothing panics whatever a checkpoint claims.
 //!
 //! Slot columns of the checkpoint that the variable lacks are created (with
 //! the saved initial value; an existing slot of that name with another
@@ -61,18 +86,27 @@
 //! and a checkpoint without scores scores its rows as any write does.
 
 mod files;
+mod lock;
 mod manifest;
+mod place;
 
 use crate::raw::fs::exchange_dirs;
 use crate::raw::{ExportColumns, MAX_SLOTS};
 use crate::restrict::observe_timestamp;
 use crate::{Error, Key, RestrictPolicy, Result, Variable};
 use files::{FileRows, KeyCodec};
+use lock::CheckpointLock;
 use manifest::{corrupt, FileEntry, Manifest, SlotEntry, FORMAT, MANIFEST, VERSION};
+use place::Place;
 use std::collections::VecDeque;
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// The largest `index.json` read (a manifest lists about 100 bytes per
+/// data file of up to 16 MiB: this is room for petabytes).
+const MAX_MANIFEST_BYTES: u64 = 64 << 20;
 
 /// Files written but not yet flushed to disk, at most, during a save.
 const UNSYNCED_FILES: usize = 8;
@@ -84,17 +118,6 @@ pub(crate) fn io_error(path: &Path, error: &std::io::Error) -> Error {
         kind: error.kind(),
         message: error.to_string(),
     }
-}
-
-/// `dir`'s sibling with the given role (`saving`, `previous`).
-fn sibling(dir: &Path, role: &str) -> Result<PathBuf> {
-    let name = dir.file_name().ok_or_else(|| {
-        Error::InvalidArgument(format!(
-            "checkpoint path {} has no final directory name",
-            dir.display()
-        ))
-    })?;
-    Ok(dir.with_file_name(format!(".{}.dynemb-{role}", name.to_string_lossy())))
 }
 
 /// Writes `bytes` to a new file at `path` (not yet flushed to disk).
@@ -118,11 +141,34 @@ fn sync_dir(path: &Path) -> Result<()> {
 
 /// Saves `variable` to `dir` (see the module docs).
 pub(crate) fn save<K: Key>(variable: &Variable<K>, dir: &Path) -> Result<()> {
-    let staging = sibling(dir, "saving")?;
-    if staging.exists() {
-        fs::remove_dir_all(&staging).map_err(|e| io_error(&staging, &e))?;
+    let place = Place::for_save(dir)?;
+    let staging = {
+        let _lock = lock::exclusive(&place)?;
+        place.remove_abandoned_staging()?;
+        place.create_staging()?
+    };
+    if let Err(e) = write_checkpoint(variable, &staging.path) {
+        // Best effort: a staging directory left behind is removed by the
+        // next save.
+        let _ = place::remove_dir(&staging.path);
+        return Err(e);
     }
-    fs::create_dir_all(&staging).map_err(|e| io_error(&staging, &e))?;
+    let published = {
+        let _lock = lock::exclusive(&place)?;
+        place
+            .check_replaceable()
+            .and_then(|()| publish(&place, &staging.path))
+    };
+    // After a publish `staging.path` holds the previous checkpoint; after a
+    // failure, this save's files.
+    place::remove_dir(&staging.path)?;
+    published?;
+    place.sync_parent()
+}
+
+/// Writes every row of `variable` and the manifest into the empty
+/// directory `staging`, flushed to disk.
+fn write_checkpoint<K: Key>(variable: &Variable<K>, staging: &Path) -> Result<()> {
     let dim = variable.dim();
     let codec = KeyCodec::for_type(K::TYPE_NAME);
     // Slots added while saving are left out of this checkpoint.
@@ -200,41 +246,36 @@ pub(crate) fn save<K: Key>(variable: &Variable<K>, dir: &Path) -> Result<()> {
     for (file, path) in &written {
         sync_file(path, file)?;
     }
-    sync_dir(&staging)?;
-    publish(&staging, dir)
+    sync_dir(staging)
 }
 
-/// Puts the finished `staging` directory at `dir`, replacing what was there.
-fn publish(staging: &Path, dir: &Path) -> Result<()> {
+/// Puts the finished `staging` directory at the checkpoint's place; the
+/// previous checkpoint, if any, ends up at `staging`. Runs under the
+/// exclusive lock.
+fn publish(place: &Place, staging: &Path) -> Result<()> {
+    let dir = &place.dir;
     if !dir.exists() {
-        fs::rename(staging, dir).map_err(|e| io_error(dir, &e))?;
-    } else if exchange_dirs(staging, dir).is_ok() {
-        // `staging` now holds the previous checkpoint.
-        fs::remove_dir_all(staging).map_err(|e| io_error(staging, &e))?;
-    } else {
-        let previous = sibling(dir, "previous")?;
-        if previous.exists() {
-            fs::remove_dir_all(&previous).map_err(|e| io_error(&previous, &e))?;
-        }
-        fs::rename(dir, &previous).map_err(|e| io_error(dir, &e))?;
-        fs::rename(staging, dir).map_err(|e| io_error(dir, &e))?;
-        fs::remove_dir_all(&previous).map_err(|e| io_error(&previous, &e))?;
+        return fs::rename(staging, dir).map_err(|e| io_error(dir, &e));
     }
-    match dir.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => sync_dir(parent),
-        _ => sync_dir(Path::new(".")),
+    if exchange_dirs(staging, dir).is_ok() {
+        return Ok(());
     }
+    let previous = place.sibling("previous");
+    place::remove_dir(&previous)?;
+    fs::rename(dir, &previous).map_err(|e| io_error(dir, &e))?;
+    fs::rename(staging, dir).map_err(|e| io_error(dir, &e))?;
+    fs::rename(&previous, staging).map_err(|e| io_error(&previous, &e))
 }
 
 /// Reads `index.json` from `dir` and checks that it fits `variable`.
 fn read_manifest<K: Key>(variable: &Variable<K>, dir: &Path) -> Result<Manifest> {
     let path = dir.join(MANIFEST);
-    let bytes = match fs::read(&path) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(corrupt(dir, "no checkpoint here (index.json is missing)"))
-        }
-        Err(e) => return Err(io_error(&path, &e)),
+    let bytes = match files::read_bounded(&path, MAX_MANIFEST_BYTES) {
+        Err(Error::Io {
+            kind: std::io::ErrorKind::NotFound,
+            ..
+        }) => return Err(corrupt(dir, "no checkpoint here (index.json is missing)")),
+        read => read?,
     };
     let manifest = Manifest::parse(&path, &bytes)?;
     manifest.check_fits(dir, variable.name(), K::TYPE_NAME, variable.dim())?;
@@ -300,6 +341,12 @@ fn for_each_file(
     mut rows: impl FnMut(FileRows) -> Result<()>,
 ) -> Result<()> {
     let slot_names: Vec<String> = manifest.slots.iter().map(|s| s.name.clone()).collect();
+    let max_bytes = files::max_file_bytes(
+        manifest.dim,
+        codec,
+        slot_names.len(),
+        manifest.scores.is_some(),
+    );
     for entry in &manifest.files {
         rows(files::read_verified(
             dir,
@@ -308,24 +355,75 @@ fn for_each_file(
             manifest.dim,
             &slot_names,
             manifest.scores.is_some(),
+            max_bytes,
         )?)?;
     }
     Ok(())
 }
 
-/// Reads and checks the whole checkpoint at `dir` against `variable`
-/// (manifest, every file's size, checksum, tensors and values) without
-/// changing anything.
-pub(crate) fn verify<K: Key>(variable: &Variable<K>, dir: &Path) -> Result<()> {
-    let manifest = read_manifest(variable, dir)?;
-    for_each_file(dir, &manifest, KeyCodec::for_type(K::TYPE_NAME), |_| Ok(()))
+/// A checkpoint opened for restoring or loading: its manifest, checked
+/// with every file against the variable, and the shared lock that keeps a
+/// save from replacing those files until the rows are applied.
+#[derive(Debug)]
+pub(crate) struct Verified {
+    dir: PathBuf,
+    manifest: Manifest,
+    _lock: Option<CheckpointLock>,
 }
 
-/// Inserts the rows of the checkpoint at `dir` into `variable`, clearing it
-/// first when `replace`. Every file is checked again as it is read; callers
-/// run [`verify`] first so that a bad checkpoint changes nothing.
-pub(crate) fn apply<K: Key>(variable: &Variable<K>, dir: &Path, replace: bool) -> Result<()> {
-    let manifest = read_manifest(variable, dir)?;
+/// Timestamps further ahead of this machine's clock than this are refused:
+/// a clock that far off, or a corrupt score, would stall every later stamp.
+const MAX_CLOCK_AHEAD_NS: u64 = 24 * 3600 * 1_000_000_000;
+
+/// Locks the checkpoint at `dir` against saves and reads and checks all of
+/// it against `variable` (manifest, every file's size, checksum, tensors and
+/// values, every key's shard under the variable's partitioner, timestamps
+/// not ahead of the clock) without changing anything.
+pub(crate) fn verify<K: Key>(variable: &Variable<K>, dir: &Path) -> Result<Verified> {
+    let place = Place::for_read(dir)?;
+    // No lock file is made beside a path that holds no checkpoint.
+    let lock = place.dir.is_dir().then(|| lock::shared(&place));
+    let manifest = read_manifest(variable, &place.dir)?;
+    let codec = KeyCodec::for_type(K::TYPE_NAME);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    let latest = now.saturating_add(MAX_CLOCK_AHEAD_NS);
+    let timestamps = manifest.policy() == Some(RestrictPolicy::Timestamp);
+    for_each_file(&place.dir, &manifest, codec, |rows| {
+        let shards = variable.num_shards();
+        for &bits in &rows.keys {
+            variable
+                .partitioner()
+                .shard_of(K::from_bits(bits), shards)?;
+        }
+        match rows.scores.as_deref() {
+            Some(scores) if timestamps => match scores.iter().position(|&s| s > latest) {
+                Some(i) => Err(corrupt(
+                    &place.dir,
+                    format!("timestamp score {} of key {:?} is more than a day ahead of this machine's clock", scores[i], K::from_bits(rows.keys[i])),
+                )),
+                None => Ok(()),
+            },
+            _ => Ok(()),
+        }
+    })?;
+    Ok(Verified {
+        dir: place.dir,
+        manifest,
+        _lock: lock,
+    })
+}
+
+/// Inserts the rows of the `verified` checkpoint into `variable`, clearing
+/// it first when `replace`. The files are read again (the lock keeps
+/// dynemb's saves from replacing them) and checked again as they are read.
+pub(crate) fn apply<K: Key>(
+    variable: &Variable<K>,
+    verified: &Verified,
+    replace: bool,
+) -> Result<()> {
+    let (dir, manifest) = (&verified.dir, &verified.manifest);
     let slot_ids = manifest
         .slots
         .iter()
@@ -338,11 +436,11 @@ pub(crate) fn apply<K: Key>(variable: &Variable<K>, dir: &Path, replace: bool) -
     }
     // Room for the rows up front (spread evenly: a guess under a custom
     // partitioner, which growth corrects).
-    let per_shard = manifest.rows as usize / variable.num_shards().max(1);
+    let per_shard = usize::try_from(manifest.rows).unwrap_or(usize::MAX) / variable.num_shards();
     for table in variable.shards() {
         table.reserve(per_shard);
     }
-    for_each_file(dir, &manifest, KeyCodec::for_type(K::TYPE_NAME), |rows| {
+    for_each_file(dir, manifest, KeyCodec::for_type(K::TYPE_NAME), |rows| {
         let keys: Vec<K> = rows.keys.into_iter().map(K::from_bits).collect();
         let slots: Vec<(usize, &[f32])> = slot_ids
             .iter()
@@ -357,4 +455,11 @@ pub(crate) fn apply<K: Key>(variable: &Variable<K>, dir: &Path, replace: bool) -
         }
         variable.upsert_rows(&keys, &rows.values, &slots, scores)
     })
+}
+
+/// `restore` (`replace`) or `load` of the checkpoint at `dir`: verified
+/// whole, then applied under the same lock.
+pub(crate) fn read_into<K: Key>(variable: &Variable<K>, dir: &Path, replace: bool) -> Result<()> {
+    let verified = verify(variable, dir)?;
+    apply(variable, &verified, replace)
 }

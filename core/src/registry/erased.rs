@@ -2,7 +2,8 @@
 //! how the registry stores variables of different key types side by side and
 //! what custom getters return.
 
-use crate::{checkpoint, Key, Result, Variable};
+use crate::checkpoint::{self, Verified};
+use crate::{Key, Result, Variable};
 use std::any::Any;
 use std::path::Path;
 use std::sync::Arc;
@@ -21,8 +22,8 @@ pub(crate) trait StoredVariable: Send + Sync + 'static {
     fn checkpoint(&self) -> bool;
     fn size(&self) -> usize;
     fn save(&self, dir: &Path) -> Result<()>;
-    fn verify_checkpoint(&self, dir: &Path) -> Result<()>;
-    fn apply_checkpoint(&self, dir: &Path, replace: bool) -> Result<()>;
+    fn verify_checkpoint(&self, dir: &Path) -> Result<Verified>;
+    fn apply_checkpoint(&self, verified: &Verified, replace: bool) -> Result<()>;
 }
 
 impl<K: Key> StoredVariable for Variable<K> {
@@ -53,11 +54,11 @@ impl<K: Key> StoredVariable for Variable<K> {
     fn save(&self, dir: &Path) -> Result<()> {
         Variable::save(self, dir)
     }
-    fn verify_checkpoint(&self, dir: &Path) -> Result<()> {
+    fn verify_checkpoint(&self, dir: &Path) -> Result<Verified> {
         checkpoint::verify(self, dir)
     }
-    fn apply_checkpoint(&self, dir: &Path, replace: bool) -> Result<()> {
-        checkpoint::apply(self, dir, replace)
+    fn apply_checkpoint(&self, verified: &Verified, replace: bool) -> Result<()> {
+        checkpoint::apply(self, verified, replace)
     }
 }
 
@@ -149,24 +150,24 @@ impl AnyVariable {
 
     /// [`Variable::restore`].
     pub fn restore(&self, dir: impl AsRef<Path>) -> Result<()> {
-        self.verify_checkpoint(dir.as_ref())?;
-        self.inner.apply_checkpoint(dir.as_ref(), true)
+        let verified = self.verify_checkpoint(dir.as_ref())?;
+        self.apply_checkpoint(&verified, true)
     }
 
     /// [`Variable::load`].
     pub fn load(&self, dir: impl AsRef<Path>) -> Result<()> {
-        self.verify_checkpoint(dir.as_ref())?;
-        self.inner.apply_checkpoint(dir.as_ref(), false)
+        let verified = self.verify_checkpoint(dir.as_ref())?;
+        self.apply_checkpoint(&verified, false)
     }
 
-    /// Checks the checkpoint at `dir` against this variable without
-    /// changing anything.
-    pub(crate) fn verify_checkpoint(&self, dir: &Path) -> Result<()> {
+    /// Locks the checkpoint at `dir` against saves and checks it against
+    /// this variable without changing anything.
+    pub(crate) fn verify_checkpoint(&self, dir: &Path) -> Result<Verified> {
         self.inner.verify_checkpoint(dir)
     }
 
-    /// Inserts the checkpoint's rows (after [`AnyVariable::verify_checkpoint`]).
-    pub(crate) fn apply_checkpoint(&self, dir: &Path, replace: bool) -> Result<()> {
-        self.inner.apply_checkpoint(dir, replace)
+    /// Inserts the rows of a checkpoint this variable verified.
+    pub(crate) fn apply_checkpoint(&self, verified: &Verified, replace: bool) -> Result<()> {
+        self.inner.apply_checkpoint(verified, replace)
     }
 }
