@@ -9,7 +9,9 @@ use dynemb::{RestrictPolicy, Variable};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::Receiver;
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// Environment variable telling the child which directory to save into.
@@ -77,11 +79,21 @@ fn restored_version(dir: &Path) -> Result<f32, String> {
 /// Environment variable telling the child which version to save.
 const CHILD_VERSION: &str = "DYNEMB_CRASH_TEST_VERSION";
 
-#[test]
-fn killed_save_leaves_a_complete_checkpoint() {
+/// Whether a save's staging directory is in `root`.
+fn staging_exists(root: &Path) -> bool {
+    std::fs::read_dir(root).unwrap().any(|e| {
+        e.unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with(".ckpt.dynemb-saving-")
+    })
+}
+
+/// In a child started by `test` (the environment names a directory and a
+/// version), saves that version over and over, reporting each completed
+/// save, until killed; returns in the parent.
+fn run_child_saver() {
     if let (Ok(dir), Ok(v)) = (std::env::var(CHILD_DIR), std::env::var(CHILD_VERSION)) {
-        // Child: save its version over and over, reporting each completed
-        // save, until killed.
         let var = version(v.parse().unwrap());
         println!("ready");
         loop {
@@ -89,44 +101,94 @@ fn killed_save_leaves_a_complete_checkpoint() {
             println!("saved");
         }
     }
+}
+
+/// A child process saving in a loop, and the lines it printed.
+struct Saver {
+    child: Child,
+    lines: Receiver<String>,
+    reader: JoinHandle<()>,
+}
+
+impl Saver {
+    /// Kills the child and returns how many saves it completed.
+    fn kill(mut self) -> usize {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        self.reader.join().unwrap();
+        self.lines.try_iter().filter(|line| line == "saved").count()
+    }
+}
+
+/// Starts this binary as a child saving `version` into `dir` in a loop
+/// (see [`run_child_saver`]) and waits until it is ready.
+fn start_saver(test: &str, dir: &Path, version: f32) -> Saver {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture"])
+        .env(CHILD_DIR, dir)
+        .env(CHILD_VERSION, version.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    // (libtest prints its own lines first.)
+    while rx.recv().expect("the child starts") != "ready" {}
+    Saver {
+        child,
+        lines: rx,
+        reader,
+    }
+}
+
+#[test]
+fn restores_while_another_process_saves_are_whole() {
+    const TEST: &str = "restores_while_another_process_saves_are_whole";
+    run_child_saver();
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("ckpt");
     version(1.0).save(&dir).unwrap();
-    let staging = root.path().join(".ckpt.dynemb-saving");
+    // A trainer process saves version 2 over and over; this process, a
+    // server, reloads meanwhile: every reload is whole, of one version.
+    let saver = start_saver(TEST, &dir, 2.0);
+    let mut seen = [0; 2];
+    for round in 0..40 {
+        let restored = restored_version(&dir).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert!(
+            restored == 1.0 || restored == 2.0,
+            "round {round}: {restored}"
+        );
+        seen[restored as usize - 1] += 1;
+    }
+    let saves = saver.kill();
+    assert!(saves > 0, "the child completed no save");
+    println!("40 restores during {saves} saves of another process: versions seen {seen:?}");
+}
+
+#[test]
+fn killed_save_leaves_a_complete_checkpoint() {
+    const TEST: &str = "killed_save_leaves_a_complete_checkpoint";
+    run_child_saver();
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("ckpt");
+    version(1.0).save(&dir).unwrap();
     let (rounds, mut mid_save_kills, mut completed_rounds) = (10u64, 0, 0);
     let mut previous = 1.0;
     for round in 0..rounds {
         let this = (round + 2) as f32;
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "killed_save_leaves_a_complete_checkpoint",
-                "--nocapture",
-            ])
-            .env(CHILD_DIR, &dir)
-            .env(CHILD_VERSION, this.to_string())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let reader = std::thread::spawn(move || {
-            for line in lines.map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        // (libtest prints its own lines first.)
-        while rx.recv().expect("the child starts") != "ready" {}
+        let saver = start_saver(TEST, &dir, this);
         // Kill at a different point of the save (or of a later one) each round.
         std::thread::sleep(Duration::from_millis(round * round * 23 % 700));
-        child.kill().unwrap();
-        child.wait().unwrap();
-        reader.join().unwrap();
-        let saved = rx.try_iter().any(|line| line == "saved");
-        if staging.exists() {
+        let saved = saver.kill() > 0;
+        if staging_exists(root.path()) {
             mid_save_kills += 1;
         }
         let restored = restored_version(&dir).unwrap_or_else(|e| panic!("round {round}: {e}"));
@@ -147,7 +209,7 @@ fn killed_save_leaves_a_complete_checkpoint() {
     assert!(mid_save_kills > 0, "no kill landed inside a save");
     // The next save cleans up after the killed one.
     version(99.0).save(&dir).unwrap();
-    assert!(!staging.exists());
+    assert!(!staging_exists(root.path()));
     assert_eq!(restored_version(&dir), Ok(99.0));
     println!("{rounds} rounds: {mid_save_kills} kills inside a save, {completed_rounds} after a completed save");
 }
