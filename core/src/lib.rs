@@ -39,6 +39,7 @@ mod partitioner;
 pub mod raw;
 pub mod registry;
 pub mod restrict;
+mod store;
 mod variable;
 
 pub use error::{Error, Result};
@@ -48,6 +49,7 @@ pub use partitioner::Partitioner;
 pub use raw::MAX_SLOTS;
 pub use registry::{AnyVariable, Collection, Getter, Registry, Reuse, Scope, VariableRequest};
 pub use restrict::RestrictPolicy;
+pub use store::EmbeddingStore;
 pub use variable::{SlotId, Variable, VariableBuilder, MAX_SHARDS};
 
 /// The README's examples, compiled and run as doctests.

@@ -1,0 +1,97 @@
+//! [`EmbeddingStore`]: what training needs of an embedding table, so that
+//! optimizers (`dynemb-optim`) and model layers (`dynemb-candle`) are
+//! written once and train any storage: a local [`Variable`] (one probe and
+//! one row lock per key) or a remote backend such as Redis (one pipelined
+//! round trip per node per batch).
+//!
+//! The contract every implementation keeps, [`Variable`]'s semantics:
+//! - [`lookup`](EmbeddingStore::lookup) never inserts; a missing key reads
+//!   the initializer's row, and that is the row
+//!   [`lookup_or_insert`](EmbeddingStore::lookup_or_insert) and
+//!   [`update_rows`](EmbeddingStore::update_rows) insert it with;
+//! - a slot is a column of the store: every key has a row of it, starting
+//!   at the slot's initial value, removed with the key;
+//! - [`update_rows`](EmbeddingStore::update_rows) is atomic per row: the
+//!   values, the chosen slots and the row's score change together, and
+//!   concurrent updates of one key (from threads or processes) never lose
+//!   one another;
+//! - bad input is an [`Error`](crate::Error) that changes nothing.
+
+use crate::{Key, Result, SlotId, Variable};
+
+/// An embedding table that training can read and update: rows of
+/// [`dim`](EmbeddingStore::dim) `f32`s keyed by [`EmbeddingStore::Key`],
+/// with slot columns for optimizer state. See the [module docs](self) for
+/// the contract.
+pub trait EmbeddingStore: Send + Sync {
+    /// The key type.
+    type Key: Key;
+
+    /// The store's name (a variable's name), for messages and checkpoints.
+    fn name(&self) -> &str;
+
+    /// Values per row.
+    fn dim(&self) -> usize;
+
+    /// Copies the rows of `keys` into `out` (`keys.len() * dim` values); a
+    /// missing key reads the initializer's row. Never inserts.
+    fn lookup(&self, keys: &[Self::Key], out: &mut [f32]) -> Result<()>;
+
+    /// [`EmbeddingStore::lookup`], inserting missing keys with the
+    /// initializer's row (the training read).
+    fn lookup_or_insert(&self, keys: &[Self::Key], out: &mut [f32]) -> Result<()>;
+
+    /// Adds the slot column `name` whose rows start at `initial`, or returns
+    /// the existing one if its initial value is equal
+    /// ([`Error::Mismatch`](crate::Error::Mismatch) otherwise).
+    fn create_slot(&self, name: &str, initial: f32) -> Result<SlotId>;
+
+    /// The slot column called `name`
+    /// ([`Error::UnknownSlot`](crate::Error::UnknownSlot) if none).
+    fn slot_id(&self, name: &str) -> Result<SlotId>;
+
+    /// Copies `slot`'s rows of `keys` into `out`; a missing key reads the
+    /// slot's initial value. Never inserts.
+    fn lookup_slot(&self, slot: SlotId, keys: &[Self::Key], out: &mut [f32]) -> Result<()>;
+
+    /// Runs `update(i, values, slot_rows)` on each key's row and its rows
+    /// of `slots` (back to back, in the order of `slots`), atomically per
+    /// row, inserting a missing key with the initializer's row and initial
+    /// slot values; see [`Variable::update_rows`] for the full contract
+    /// (reruns, non-finite results).
+    fn update_rows<F>(&self, keys: &[Self::Key], slots: &[SlotId], update: F) -> Result<()>
+    where
+        F: FnMut(usize, &mut [f32], &mut [f32]);
+}
+
+impl<K: Key> EmbeddingStore for Variable<K> {
+    type Key = K;
+
+    fn name(&self) -> &str {
+        Variable::name(self)
+    }
+    fn dim(&self) -> usize {
+        Variable::dim(self)
+    }
+    fn lookup(&self, keys: &[K], out: &mut [f32]) -> Result<()> {
+        Variable::lookup(self, keys, out)
+    }
+    fn lookup_or_insert(&self, keys: &[K], out: &mut [f32]) -> Result<()> {
+        Variable::lookup_or_insert(self, keys, out)
+    }
+    fn create_slot(&self, name: &str, initial: f32) -> Result<SlotId> {
+        Variable::create_slot(self, name, initial)
+    }
+    fn slot_id(&self, name: &str) -> Result<SlotId> {
+        Variable::slot_id(self, name)
+    }
+    fn lookup_slot(&self, slot: SlotId, keys: &[K], out: &mut [f32]) -> Result<()> {
+        Variable::lookup_slot(self, slot, keys, out)
+    }
+    fn update_rows<F>(&self, keys: &[K], slots: &[SlotId], update: F) -> Result<()>
+    where
+        F: FnMut(usize, &mut [f32], &mut [f32]),
+    {
+        Variable::update_rows(self, keys, slots, update)
+    }
+}

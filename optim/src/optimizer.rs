@@ -1,0 +1,310 @@
+//! The driver every optimizer shares: [`Sparse`], generic over a [`Rule`]
+//! (an optimizer's hyperparameters and row kernel), and the
+//! [`SparseOptimizer`] trait.
+//!
+//! A step ([`Sparse::begin_step`]) fixes the step number `t` (1 for the
+//! first step: Keras' `iterations + 1`) and the learning rate (the schedule
+//! evaluated at `t - 1`, Keras' `iterations`), and precomputes the rule's
+//! per-step constants. [`Step::apply`] then, for one store:
+//! 1. checks the input before anything changes: `grads.len() == keys.len()
+//!    * dim` ([`Error::LengthMismatch`]) and every gradient finite
+//!    ([`Error::NonFinite`] naming the value's position in `grads`);
+//! 2. creates the rule's slots in the store (an existing slot of the same
+//!    name with another initial value is an [`Error::Mismatch`]);
+//! 3. sums the gradients of repeated keys ([`crate::dedup`]);
+//! 4. runs the rule's row kernel on each distinct key through
+//!    [`EmbeddingStore::update_rows`]: one index probe and one row lock per
+//!    key, the value, every slot and the restrict score updated together;
+//!    a missing key is inserted with the initializer's row (the row the
+//!    forward `lookup` returned) and its slots' initial values.
+//!
+//! Rows a step does not touch keep their values and slots (TFRA's lazy
+//! behaviour). A row whose update would overflow to infinity is not stored
+//! and the call returns [`Error::NonFinite`] (see `update_rows`).
+//!
+//! [`SparseOptimizer::apply`] is one whole step on one store. A model with
+//! several tables takes one step over all of them with one
+//! [`Sparse::begin_step`] and a [`Step::apply`] per table (of any key
+//! types), which advances the step count once. Steps may run from many
+//! threads at once (each gets its own `t`); concurrent updates of one key
+//! serialize on its row lock and none is lost.
+
+use crate::dedup::dedup;
+use crate::schedule::LearningRate;
+use dynemb::{EmbeddingStore, Error, Result, SlotId};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::fmt::Debug;
+use std::path::Path;
+use std::sync::{Mutex, PoisonError};
+
+/// An optimizer's hyperparameters and update rule: what a `Params*` type
+/// implements. [`Sparse<R>`] drives it.
+pub trait Rule:
+    Clone + Debug + PartialEq + Send + Sync + Serialize + DeserializeOwned + 'static
+{
+    /// The optimizer's type name (`"SparseAdam"`), recorded in its state.
+    const NAME: &'static str;
+    /// What a step precomputes from `t` and the learning rate.
+    type Step: Send + Sync;
+
+    /// Checks the hyperparameters (an [`Error::InvalidArgument`] naming the
+    /// bad one).
+    fn validate(&self) -> Result<()>;
+    /// The base learning rate.
+    fn lr(&self) -> f32;
+    /// Sets the base learning rate.
+    fn set_lr(&mut self, lr: f32);
+    /// The slot columns the rule keeps, TensorFlow's names, with the value
+    /// every row starts at.
+    fn slots(&self) -> Vec<(&'static str, f32)>;
+    /// The per-step constants for step `t` (1-based) at learning rate `lr`.
+    fn prepare(&self, t: u64, lr: f32) -> Self::Step;
+    /// The row kernel: updates one key's `value` row and its slot rows
+    /// (`slots().len()` rows of `dim` back to back, in `slots()` order) with
+    /// its summed gradient row `grad`.
+    fn update(step: &Self::Step, grad: &[f32], value: &mut [f32], slots: &mut [f32]);
+}
+
+/// Checks a hyperparameter.
+pub(crate) fn check(ok: bool, optimizer: &str, what: impl std::fmt::Display) -> Result<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!("{optimizer}: {what}")))
+    }
+}
+
+/// The checks every learning rate gets: finite and not negative.
+pub(crate) fn check_lr(optimizer: &str, lr: f32) -> Result<()> {
+    check(
+        lr.is_finite() && lr >= 0.0,
+        optimizer,
+        format!("lr must be finite and >= 0, got {lr}"),
+    )
+}
+
+/// An optimizer that trains embedding stores one sparse step at a time.
+pub trait SparseOptimizer: Send + Sync {
+    /// One whole step on one store: updates the rows of `keys` (repeated
+    /// keys' gradients summed) with `grads` (`keys.len() * dim` values).
+    fn apply<S: EmbeddingStore>(&self, store: &S, keys: &[S::Key], grads: &[f32]) -> Result<()>;
+}
+
+/// The mutable part of an optimizer: what its state file holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct State<R> {
+    optimizer: String,
+    params: R,
+    step: u64,
+    learning_rate: LearningRate,
+}
+
+/// A sparse optimizer running the rule `R` (`SparseAdam` is
+/// `Sparse<ParamsAdam>`); see the [module docs](self).
+#[derive(Debug)]
+pub struct Sparse<R: Rule> {
+    state: Mutex<State<R>>,
+}
+
+/// One optimizer step, applied to any number of stores; see
+/// [`Sparse::begin_step`].
+#[derive(Debug)]
+pub struct Step<R: Rule> {
+    t: u64,
+    lr: f32,
+    params: R,
+    consts: R::Step,
+}
+
+impl<R: Rule> Sparse<R> {
+    /// An optimizer with these hyperparameters, at step 0 with a constant
+    /// learning rate; an [`Error::InvalidArgument`] if any is invalid.
+    pub fn new(params: R) -> Result<Self> {
+        params.validate()?;
+        Ok(Sparse {
+            state: Mutex::new(State {
+                optimizer: R::NAME.to_string(),
+                params,
+                step: 0,
+                learning_rate: LearningRate::Constant,
+            }),
+        })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State<R>> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The hyperparameters.
+    pub fn params(&self) -> R {
+        self.state().params.clone()
+    }
+
+    /// Steps taken so far (Keras' `iterations`).
+    pub fn steps(&self) -> u64 {
+        self.state().step
+    }
+
+    /// Sets the base learning rate for the following steps.
+    pub fn set_lr(&self, lr: f32) -> Result<()> {
+        check_lr(R::NAME, lr)?;
+        self.state().params.set_lr(lr);
+        Ok(())
+    }
+
+    /// Makes the following steps' learning rate follow `schedule`.
+    pub fn set_learning_rate(&self, schedule: LearningRate) -> Result<()> {
+        schedule.validate()?;
+        self.state().learning_rate = schedule;
+        Ok(())
+    }
+
+    /// The learning rate the next step will use.
+    pub fn current_lr(&self) -> f32 {
+        let state = self.state();
+        state.learning_rate.at(state.params.lr(), state.step)
+    }
+
+    /// Starts a step: takes the next step number and the learning rate for
+    /// it. Apply it to every store of the model with [`Step::apply`].
+    pub fn begin_step(&self) -> Step<R> {
+        let mut state = self.state();
+        let lr = state.learning_rate.at(state.params.lr(), state.step);
+        state.step += 1;
+        Step {
+            t: state.step,
+            lr,
+            consts: state.params.prepare(state.step, lr),
+            params: state.params.clone(),
+        }
+    }
+
+    /// The optimizer's state (its type, hyperparameters, step count and
+    /// learning-rate schedule) as JSON.
+    pub fn state_json(&self) -> String {
+        serde_json::to_string_pretty(&*self.state()).expect("optimizer state serializes")
+    }
+
+    /// Replaces the state with one from [`Sparse::state_json`]; checked
+    /// whole first (an error changes nothing): another optimizer's state is
+    /// an [`Error::Mismatch`], invalid values an [`Error::InvalidArgument`].
+    pub fn restore_state_json(&self, json: &str) -> Result<()> {
+        let saved: State<R> = serde_json::from_str(json).map_err(|e| {
+            Error::InvalidArgument(format!("{} state is not readable: {e}", R::NAME))
+        })?;
+        if saved.optimizer != R::NAME {
+            return Err(Error::Mismatch {
+                name: R::NAME.to_string(),
+                existing: R::NAME.to_string(),
+                requested: format!("state of {}", saved.optimizer),
+            });
+        }
+        saved.params.validate()?;
+        saved.learning_rate.validate()?;
+        *self.state() = saved;
+        Ok(())
+    }
+
+    /// Writes [`Sparse::state_json`] to the file `path`, replacing it
+    /// atomically (written beside it, flushed, renamed).
+    pub fn save_state(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let io = |e: std::io::Error| Error::Io {
+            path: path.display().to_string(),
+            kind: e.kind(),
+            message: e.to_string(),
+        };
+        let name = path.file_name().ok_or_else(|| {
+            Error::InvalidArgument(format!("state path {} has no file name", path.display()))
+        })?;
+        let staging = path.with_file_name(format!(".{}.saving", name.to_string_lossy()));
+        {
+            use std::io::Write;
+            let mut file = std::fs::File::create(&staging).map_err(io)?;
+            file.write_all(self.state_json().as_bytes()).map_err(io)?;
+            file.sync_all().map_err(io)?;
+        }
+        std::fs::rename(&staging, path).map_err(io)
+    }
+
+    /// Restores the state saved by [`Sparse::save_state`] at `path` (as
+    /// [`Sparse::restore_state_json`]).
+    pub fn restore_state(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let json = std::fs::read_to_string(path).map_err(|e| Error::Io {
+            path: path.display().to_string(),
+            kind: e.kind(),
+            message: e.to_string(),
+        })?;
+        self.restore_state_json(&json)
+    }
+}
+
+impl<R: Rule> SparseOptimizer for Sparse<R> {
+    fn apply<S: EmbeddingStore>(&self, store: &S, keys: &[S::Key], grads: &[f32]) -> Result<()> {
+        self.begin_step().apply(store, keys, grads)
+    }
+}
+
+impl<R: Rule> Step<R> {
+    /// The step number (1-based).
+    pub fn t(&self) -> u64 {
+        self.t
+    }
+
+    /// The learning rate of this step.
+    pub fn lr(&self) -> f32 {
+        self.lr
+    }
+
+    /// Applies this step to one store (see the [module docs](self)).
+    pub fn apply<S: EmbeddingStore>(
+        &self,
+        store: &S,
+        keys: &[S::Key],
+        grads: &[f32],
+    ) -> Result<()> {
+        let dim = store.dim();
+        let expected = keys.len().checked_mul(dim).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "a batch of {} rows of {dim} values is too large",
+                keys.len()
+            ))
+        })?;
+        if grads.len() != expected {
+            return Err(Error::LengthMismatch {
+                what: "grads",
+                expected,
+                actual: grads.len(),
+            });
+        }
+        if let Some(index) = grads.iter().position(|g| !g.is_finite()) {
+            return Err(Error::NonFinite {
+                what: "grads",
+                index,
+                value: grads[index],
+            });
+        }
+        let slots = self.slots(store)?;
+        let batch = dedup(keys, grads, dim)?;
+        store.update_rows(&batch.keys, &slots, |i, value, slot_rows| {
+            R::update(
+                &self.consts,
+                &batch.grads[i * dim..(i + 1) * dim],
+                value,
+                slot_rows,
+            )
+        })
+    }
+
+    /// The rule's slots in `store`, created if missing.
+    fn slots<S: EmbeddingStore>(&self, store: &S) -> Result<Vec<SlotId>> {
+        self.params
+            .slots()
+            .into_iter()
+            .map(|(name, initial)| store.create_slot(name, initial))
+            .collect()
+    }
+}

@@ -1,0 +1,100 @@
+//! Adadelta (Keras 2's `Adadelta`, whose sparse update is TensorFlow's
+//! `ResourceSparseApplyAdadelta`):
+//!
+//! ```text
+//! accum_grad = accum_grad * rho + g * g * (1 - rho)
+//! update = sqrt(accum_var + eps) / sqrt(accum_grad + eps) * g
+//! accum_var = accum_var * rho + update * update * (1 - rho)
+//! w -= update * lr
+//! ```
+
+use crate::lanes::{update_row, Lane, LaneKernel};
+use crate::optimizer::{check, check_lr, Rule, Sparse};
+use dynemb::Result;
+use serde::{Deserialize, Serialize};
+
+/// Hyperparameters of [`SparseAdadelta`]. Defaults: Keras' `lr = 0.001`,
+/// `rho = 0.95`, `eps = 1e-7`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParamsAdadelta {
+    /// Learning rate.
+    pub lr: f32,
+    /// Decay of both accumulators, in `[0, 1)`.
+    pub rho: f32,
+    /// Added inside both roots (> 0).
+    pub eps: f32,
+}
+
+impl Default for ParamsAdadelta {
+    fn default() -> Self {
+        ParamsAdadelta {
+            lr: 0.001,
+            rho: 0.95,
+            eps: 1e-7,
+        }
+    }
+}
+
+/// Sparse Adadelta; slots `accum_grad`, `accum_var`, from 0.
+pub type SparseAdadelta = Sparse<ParamsAdadelta>;
+
+/// One step's Adadelta kernel.
+#[derive(Debug, Clone, Copy)]
+pub struct AdadeltaStep {
+    lr: f32,
+    rho: f32,
+    eps: f32,
+}
+
+impl LaneKernel<2> for AdadeltaStep {
+    fn run<L: Lane>(&self, g: L, w: &mut L, [accum_grad, accum_var]: &mut [L; 2]) {
+        let (rho, keep, eps) = (
+            L::splat(self.rho),
+            L::splat(1.0 - self.rho),
+            L::splat(self.eps),
+        );
+        *accum_grad = *accum_grad * rho + g * g * keep;
+        let update = (*accum_var + eps).sqrt() / (*accum_grad + eps).sqrt() * g;
+        *accum_var = *accum_var * rho + update * update * keep;
+        *w = *w - update * L::splat(self.lr);
+    }
+}
+
+impl Rule for ParamsAdadelta {
+    const NAME: &'static str = "SparseAdadelta";
+    type Step = AdadeltaStep;
+
+    fn validate(&self) -> Result<()> {
+        check_lr(Self::NAME, self.lr)?;
+        check(
+            (0.0..1.0).contains(&self.rho),
+            Self::NAME,
+            format!("rho must be in [0, 1), got {}", self.rho),
+        )?;
+        check(
+            self.eps.is_finite() && self.eps > 0.0,
+            Self::NAME,
+            format!("eps must be > 0, got {}", self.eps),
+        )
+    }
+    fn lr(&self) -> f32 {
+        self.lr
+    }
+    fn set_lr(&mut self, lr: f32) {
+        self.lr = lr;
+    }
+    fn slots(&self) -> Vec<(&'static str, f32)> {
+        vec![("accum_grad", 0.0), ("accum_var", 0.0)]
+    }
+    fn prepare(&self, _t: u64, lr: f32) -> AdadeltaStep {
+        AdadeltaStep {
+            lr,
+            rho: self.rho,
+            eps: self.eps,
+        }
+    }
+    fn update(step: &AdadeltaStep, grad: &[f32], value: &mut [f32], slots: &mut [f32]) {
+        update_row(step, grad, value, slots);
+    }
+}

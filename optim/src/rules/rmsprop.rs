@@ -1,0 +1,164 @@
+//! RMSprop (Keras 2's `RMSprop`). Its sparse update takes two paths with
+//! different epsilon placement, and both are reproduced:
+//!
+//! Without momentum (Keras' own Python rule; epsilon outside the root):
+//! ```text
+//! rms = rms * rho + g * g * (1 - rho)
+//! centered: mg = mg * rho + g * (1 - rho); denom = rms - mg * mg     (else denom = rms)
+//! w -= lr * g / (sqrt(denom) + eps)
+//! ```
+//! With momentum > 0 (TensorFlow's `ResourceSparseApply[Centered]RMSProp`
+//! kernels; epsilon inside the root):
+//! ```text
+//! rms += (g * g - rms) * (1 - rho)
+//! centered: mg += (g - mg) * (1 - rho); denom = rms - mg * mg + eps   (else denom = rms + eps)
+//! momentum = momentum * momentum_coef + lr * g / sqrt(denom)
+//! w -= momentum
+//! ```
+
+use crate::lanes::{update_row, Lane, LaneKernel};
+use crate::optimizer::{check, check_lr, Rule, Sparse};
+use dynemb::Result;
+use serde::{Deserialize, Serialize};
+
+/// Hyperparameters of [`SparseRmsProp`]. Defaults: Keras' `lr = 0.001`,
+/// `rho = 0.9`, `momentum = 0.0`, `eps = 1e-7`, not centered.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParamsRmsProp {
+    /// Learning rate.
+    pub lr: f32,
+    /// Decay of the moving averages, in `[0, 1)`.
+    pub rho: f32,
+    /// Momentum, in `[0, 1]` (slot `momentum` when > 0).
+    pub momentum: f32,
+    /// Added to the denominator (> 0).
+    pub eps: f32,
+    /// Divide by the variance rather than the second moment (slot `mg`).
+    pub centered: bool,
+}
+
+impl Default for ParamsRmsProp {
+    fn default() -> Self {
+        ParamsRmsProp {
+            lr: 0.001,
+            rho: 0.9,
+            momentum: 0.0,
+            eps: 1e-7,
+            centered: false,
+        }
+    }
+}
+
+/// Sparse RMSprop; slot `rms` (from 0), and `momentum` (momentum > 0) and
+/// `mg` (centered), from 0, in that order.
+pub type SparseRmsProp = Sparse<ParamsRmsProp>;
+
+/// One step's RMSprop kernel.
+#[derive(Debug, Clone, Copy)]
+pub struct RmsPropStep {
+    lr: f32,
+    rho: f32,
+    momentum: f32,
+    eps: f32,
+    centered: bool,
+}
+
+/// One slot, `rms`: the Python rule without momentum.
+impl LaneKernel<1> for RmsPropStep {
+    fn run<L: Lane>(&self, g: L, w: &mut L, [rms]: &mut [L; 1]) {
+        *rms = *rms * L::splat(self.rho) + g * g * L::splat(1.0 - self.rho);
+        *w = *w - L::splat(self.lr) * g / (rms.sqrt() + L::splat(self.eps));
+    }
+}
+
+/// Two slots: `rms` and `momentum` (the kernel), or `rms` and `mg`
+/// (centered, Python rule).
+impl LaneKernel<2> for RmsPropStep {
+    fn run<L: Lane>(&self, g: L, w: &mut L, [rms, other]: &mut [L; 2]) {
+        if self.centered {
+            let (rho, keep) = (L::splat(self.rho), L::splat(1.0 - self.rho));
+            *rms = *rms * rho + g * g * keep;
+            *other = *other * rho + g * keep;
+            let denom = *rms - *other * *other;
+            *w = *w - L::splat(self.lr) * g / (denom.sqrt() + L::splat(self.eps));
+        } else {
+            *rms = *rms + (g * g - *rms) * L::splat(1.0 - self.rho);
+            self.momentum_step(g, w, other, *rms + L::splat(self.eps));
+        }
+    }
+}
+
+/// Three slots: `rms`, `momentum`, `mg` (centered kernel).
+impl LaneKernel<3> for RmsPropStep {
+    fn run<L: Lane>(&self, g: L, w: &mut L, [rms, mom, mg]: &mut [L; 3]) {
+        let keep = L::splat(1.0 - self.rho);
+        *rms = *rms + (g * g - *rms) * keep;
+        *mg = *mg + (g - *mg) * keep;
+        self.momentum_step(g, w, mom, *rms - *mg * *mg + L::splat(self.eps));
+    }
+}
+
+impl RmsPropStep {
+    /// The kernels' momentum update with the denominator's square `denom`.
+    fn momentum_step<L: Lane>(&self, g: L, w: &mut L, mom: &mut L, denom: L) {
+        *mom = *mom * L::splat(self.momentum) + L::splat(self.lr) * g / denom.sqrt();
+        *w = *w - *mom;
+    }
+}
+
+impl Rule for ParamsRmsProp {
+    const NAME: &'static str = "SparseRmsProp";
+    type Step = RmsPropStep;
+
+    fn validate(&self) -> Result<()> {
+        check_lr(Self::NAME, self.lr)?;
+        check(
+            (0.0..1.0).contains(&self.rho),
+            Self::NAME,
+            format!("rho must be in [0, 1), got {}", self.rho),
+        )?;
+        check(
+            (0.0..=1.0).contains(&self.momentum),
+            Self::NAME,
+            format!("momentum must be in [0, 1], got {}", self.momentum),
+        )?;
+        check(
+            self.eps.is_finite() && self.eps > 0.0,
+            Self::NAME,
+            format!("eps must be > 0, got {}", self.eps),
+        )
+    }
+    fn lr(&self) -> f32 {
+        self.lr
+    }
+    fn set_lr(&mut self, lr: f32) {
+        self.lr = lr;
+    }
+    fn slots(&self) -> Vec<(&'static str, f32)> {
+        let mut slots = vec![("rms", 0.0)];
+        if self.momentum > 0.0 {
+            slots.push(("momentum", 0.0));
+        }
+        if self.centered {
+            slots.push(("mg", 0.0));
+        }
+        slots
+    }
+    fn prepare(&self, _t: u64, lr: f32) -> RmsPropStep {
+        RmsPropStep {
+            lr,
+            rho: self.rho,
+            momentum: self.momentum,
+            eps: self.eps,
+            centered: self.centered,
+        }
+    }
+    fn update(step: &RmsPropStep, grad: &[f32], value: &mut [f32], slots: &mut [f32]) {
+        match (step.momentum > 0.0, step.centered) {
+            (false, false) => update_row::<1, _>(step, grad, value, slots),
+            (true, true) => update_row::<3, _>(step, grad, value, slots),
+            _ => update_row::<2, _>(step, grad, value, slots),
+        }
+    }
+}
