@@ -191,16 +191,22 @@ impl<R: Rule> Sparse<R> {
     /// whole first (an error changes nothing): another optimizer's state is
     /// an [`Error::Mismatch`], invalid values an [`Error::InvalidArgument`].
     pub fn restore_state_json(&self, json: &str) -> Result<()> {
-        let saved: State<R> = serde_json::from_str(json).map_err(|e| {
+        let unreadable = |e: serde_json::Error| {
             Error::InvalidArgument(format!("{} state is not readable: {e}", R::NAME))
-        })?;
-        if saved.optimizer != R::NAME {
+        };
+        let value: serde_json::Value = serde_json::from_str(json).map_err(unreadable)?;
+        let optimizer = value
+            .get("optimizer")
+            .and_then(|o| o.as_str())
+            .unwrap_or("unknown");
+        if optimizer != R::NAME {
             return Err(Error::Mismatch {
                 name: R::NAME.to_string(),
                 existing: R::NAME.to_string(),
-                requested: format!("state of {}", saved.optimizer),
+                requested: format!("state of {optimizer}"),
             });
         }
+        let saved: State<R> = serde_json::from_value(value).map_err(unreadable)?;
         saved.params.validate()?;
         saved.learning_rate.validate()?;
         *self.state() = saved;
