@@ -51,8 +51,3 @@ pub use registry::{AnyVariable, Collection, Getter, Registry, Reuse, Scope, Vari
 pub use restrict::RestrictPolicy;
 pub use store::EmbeddingStore;
 pub use variable::{SlotId, Variable, VariableBuilder, MAX_SHARDS};
-
-/// The README's examples, compiled and run as doctests.
-#[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
-struct ReadmeDoctests;
