@@ -2,11 +2,16 @@
 //! `ResourceSparseApplyAdadelta`):
 //!
 //! ```text
-//! accum_grad = accum_grad * rho + g * g * (1 - rho)
-//! update = sqrt(accum_var + eps) / sqrt(accum_grad + eps) * g
-//! accum_var = accum_var * rho + update * update * (1 - rho)
+//! accum_grad = accum_grad * rho + (g * g) * (1 - rho)
+//! update = (sqrt(accum_var + eps) * (1 / sqrt(accum_grad + eps))) * g    (eps inside both roots)
 //! w -= update * lr
+//! accum_var = accum_var * rho + (update * update) * (1 - rho)
 //! ```
+//!
+//! TensorFlow's kernel takes the reciprocal root with an approximate SIMD
+//! `rsqrt` (an estimate refined by one Newton step) on all but a row's last
+//! `dim % 8` elements, so it differs from this exact rule by up to a few
+//! units in the last place there.
 
 use crate::lanes::{update_row, Lane, LaneKernel};
 use crate::optimizer::{check, check_lr, Rule, Sparse};
@@ -54,10 +59,10 @@ impl LaneKernel<2> for AdadeltaStep {
             L::splat(1.0 - self.rho),
             L::splat(self.eps),
         );
-        *accum_grad = *accum_grad * rho + g * g * keep;
-        let update = (*accum_var + eps).sqrt() / (*accum_grad + eps).sqrt() * g;
-        *accum_var = *accum_var * rho + update * update * keep;
+        *accum_grad = *accum_grad * rho + (g * g) * keep;
+        let update = ((*accum_var + eps).sqrt() * (L::splat(1.0) / (*accum_grad + eps).sqrt())) * g;
         *w = *w - update * L::splat(self.lr);
+        *accum_var = *accum_var * rho + (update * update) * keep;
     }
 }
 

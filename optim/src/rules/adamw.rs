@@ -2,10 +2,11 @@
 //! Keras 2.11+, as `tf_keras.optimizers.AdamW` runs it on sparse gradients):
 //!
 //! ```text
-//! w -= w * weight_decay * lr                               (decay first, by the scheduled lr)
-//! alpha = lr * sqrt(1 - beta2^t) / (1 - beta1^t)
-//! m += (g - m) * (1 - beta1)
-//! v += (g * g - v) * (1 - beta2)
+//! w -= (w * weight_decay) * lr                             (decay first, by the scheduled lr)
+//! c1 = 1 - beta1, c2 = 1 - beta2                           (in f64, rounded to f32, as Keras does)
+//! alpha = (lr * sqrt(1 - beta2^t)) / (1 - beta1^t)
+//! m += -(m * c1); m += g * c1
+//! v += -(v * c2); v += (g * g) * c2
 //! amsgrad: vhat = max(vhat, v), and vhat replaces v below
 //! w -= (m * alpha) / (sqrt(v) + eps)
 //! ```
@@ -55,10 +56,11 @@ pub type SparseAdamW = Sparse<ParamsAdamW>;
 /// One step's AdamW kernel.
 #[derive(Debug, Clone, Copy)]
 pub struct AdamWStep {
-    decay: f32,
+    lr: f32,
+    weight_decay: f32,
     alpha: f32,
-    beta1: f32,
-    beta2: f32,
+    c1: f32,
+    c2: f32,
     eps: f32,
     amsgrad: bool,
 }
@@ -66,9 +68,12 @@ pub struct AdamWStep {
 impl AdamWStep {
     /// Decay and moments, shared by both variants.
     fn decay_and_moments<L: Lane>(&self, g: L, w: &mut L, m: &mut L, v: &mut L) {
-        *w = *w - *w * L::splat(self.decay);
-        *m = *m + (g - *m) * L::splat(1.0 - self.beta1);
-        *v = *v + (g * g - *v) * L::splat(1.0 - self.beta2);
+        let (c1, c2) = (L::splat(self.c1), L::splat(self.c2));
+        *w = *w - (*w * L::splat(self.weight_decay)) * L::splat(self.lr);
+        *m = *m + -(*m * c1);
+        *m = *m + g * c1;
+        *v = *v + -(*v * c2);
+        *v = *v + (g * g) * c2;
     }
 }
 
@@ -85,6 +90,15 @@ impl LaneKernel<3> for AdamWStep {
         *vhat = vhat.max(*v);
         *w = *w - (*m * L::splat(self.alpha)) / (vhat.sqrt() + L::splat(self.eps));
     }
+}
+
+/// `1 - beta` as Keras' AdamW computes it: Python's double arithmetic on
+/// the decimal hyperparameter, rounded to `f32` (so `1 - 0.8` is `0.2f32`,
+/// where `1f32 - 0.8f32` is `0.19999999`). The decimal is recovered from
+/// the `f32` by its shortest representation.
+fn one_minus_in_f64(beta: f32) -> f32 {
+    let decimal: f64 = beta.to_string().parse().expect("an f32 prints as a number");
+    (1.0 - decimal) as f32
 }
 
 impl Rule for ParamsAdamW {
@@ -115,10 +129,11 @@ impl Rule for ParamsAdamW {
     }
     fn prepare(&self, t: u64, lr: f32) -> AdamWStep {
         AdamWStep {
-            decay: self.weight_decay * lr,
-            alpha: lr * (1.0 - power(self.beta2, t)).sqrt() / (1.0 - power(self.beta1, t)),
-            beta1: self.beta1,
-            beta2: self.beta2,
+            lr,
+            weight_decay: self.weight_decay,
+            alpha: (lr * (1.0 - power(self.beta2, t)).sqrt()) / (1.0 - power(self.beta1, t)),
+            c1: one_minus_in_f64(self.beta1),
+            c2: one_minus_in_f64(self.beta2),
             eps: self.eps,
             amsgrad: self.amsgrad,
         }

@@ -10,11 +10,15 @@
 //! With momentum > 0 (TensorFlow's `ResourceSparseApply[Centered]RMSProp`
 //! kernels; epsilon inside the root):
 //! ```text
-//! rms += (g * g - rms) * (1 - rho)
-//! centered: mg += (g - mg) * (1 - rho); denom = rms - mg * mg + eps   (else denom = rms + eps)
-//! momentum = momentum * momentum_coef + lr * g / sqrt(denom)
+//! rms = rms * rho + (g * g) * (1 - rho)
+//! centered: mg = mg * rho + g * (1 - rho); denom = (rms + eps) - mg * mg   (else denom = rms + eps)
+//! momentum = momentum * momentum_coef + ((1 / sqrt(denom)) * lr) * g
 //! w -= momentum
 //! ```
+//!
+//! The kernels take the reciprocal root with an approximate SIMD `rsqrt`
+//! on all but a row's last `dim % 8` elements, so TensorFlow differs from
+//! this exact rule by a few units in the last place there.
 
 use crate::lanes::{update_row, Lane, LaneKernel};
 use crate::optimizer::{check, check_lr, Rule, Sparse};
@@ -67,7 +71,7 @@ pub struct RmsPropStep {
 /// One slot, `rms`: the Python rule without momentum.
 impl LaneKernel<1> for RmsPropStep {
     fn run<L: Lane>(&self, g: L, w: &mut L, [rms]: &mut [L; 1]) {
-        *rms = *rms * L::splat(self.rho) + g * g * L::splat(1.0 - self.rho);
+        self.second_moment(g, rms);
         *w = *w - L::splat(self.lr) * g / (rms.sqrt() + L::splat(self.eps));
     }
 }
@@ -77,13 +81,12 @@ impl LaneKernel<1> for RmsPropStep {
 impl LaneKernel<2> for RmsPropStep {
     fn run<L: Lane>(&self, g: L, w: &mut L, [rms, other]: &mut [L; 2]) {
         if self.centered {
-            let (rho, keep) = (L::splat(self.rho), L::splat(1.0 - self.rho));
-            *rms = *rms * rho + g * g * keep;
-            *other = *other * rho + g * keep;
+            self.second_moment(g, rms);
+            *other = *other * L::splat(self.rho) + g * L::splat(1.0 - self.rho);
             let denom = *rms - *other * *other;
             *w = *w - L::splat(self.lr) * g / (denom.sqrt() + L::splat(self.eps));
         } else {
-            *rms = *rms + (g * g - *rms) * L::splat(1.0 - self.rho);
+            self.second_moment(g, rms);
             self.momentum_step(g, w, other, *rms + L::splat(self.eps));
         }
     }
@@ -92,17 +95,22 @@ impl LaneKernel<2> for RmsPropStep {
 /// Three slots: `rms`, `momentum`, `mg` (centered kernel).
 impl LaneKernel<3> for RmsPropStep {
     fn run<L: Lane>(&self, g: L, w: &mut L, [rms, mom, mg]: &mut [L; 3]) {
-        let keep = L::splat(1.0 - self.rho);
-        *rms = *rms + (g * g - *rms) * keep;
-        *mg = *mg + (g - *mg) * keep;
-        self.momentum_step(g, w, mom, *rms - *mg * *mg + L::splat(self.eps));
+        self.second_moment(g, rms);
+        *mg = *mg * L::splat(self.rho) + g * L::splat(1.0 - self.rho);
+        self.momentum_step(g, w, mom, (*rms + L::splat(self.eps)) - *mg * *mg);
     }
 }
 
 impl RmsPropStep {
+    /// `rms = rms * rho + (g * g) * (1 - rho)`, in every variant.
+    fn second_moment<L: Lane>(&self, g: L, rms: &mut L) {
+        *rms = *rms * L::splat(self.rho) + (g * g) * L::splat(1.0 - self.rho);
+    }
+
     /// The kernels' momentum update with the denominator's square `denom`.
     fn momentum_step<L: Lane>(&self, g: L, w: &mut L, mom: &mut L, denom: L) {
-        *mom = *mom * L::splat(self.momentum) + L::splat(self.lr) * g / denom.sqrt();
+        let step = (L::splat(1.0) / denom.sqrt()) * L::splat(self.lr);
+        *mom = *mom * L::splat(self.momentum) + step * g;
         *w = *w - *mom;
     }
 }
