@@ -18,6 +18,8 @@ use dynemb::{Error, Key, Result};
 pub struct Deduped<K> {
     /// Distinct keys.
     pub keys: Vec<K>,
+    /// Per distinct key, the batch position of its first occurrence.
+    pub first: Vec<u32>,
     /// `keys.len() * dim` values: row `i` is the sum of `keys[i]`'s rows.
     pub grads: Vec<f32>,
 }
@@ -39,6 +41,7 @@ pub fn dedup<K: Key>(keys: &[K], grads: &[f32], dim: usize) -> Result<Deduped<K>
     let mask = capacity - 1;
     let mut table = vec![EMPTY; capacity];
     let mut unique: Vec<K> = Vec::with_capacity(keys.len());
+    let mut first: Vec<u32> = Vec::with_capacity(keys.len());
     let mut sums: Vec<f32> = Vec::with_capacity(grads.len());
     for (i, &key) in keys.iter().enumerate() {
         let bits = key.to_bits();
@@ -49,6 +52,7 @@ pub fn dedup<K: Key>(keys: &[K], grads: &[f32], dim: usize) -> Result<Deduped<K>
                 EMPTY => {
                     table[slot] = unique.len() as u32;
                     unique.push(key);
+                    first.push(i as u32);
                     sums.extend_from_slice(row);
                     break;
                 }
@@ -65,6 +69,7 @@ pub fn dedup<K: Key>(keys: &[K], grads: &[f32], dim: usize) -> Result<Deduped<K>
     }
     Ok(Deduped {
         keys: unique,
+        first,
         grads: sums,
     })
 }
@@ -80,6 +85,7 @@ mod tests {
         let grads: Vec<f32> = (0..keys.len() * 2).map(|i| i as f32).collect();
         let d = dedup(&keys, &grads, 2).unwrap();
         assert_eq!(d.keys, [5, -1, 0, i64::MIN]);
+        assert_eq!(d.first, [0, 1, 3, 6]);
         assert_eq!(
             d.grads,
             [

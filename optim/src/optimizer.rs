@@ -19,8 +19,11 @@
 //!    forward `lookup` returned) and its slots' initial values.
 //!
 //! Rows a step does not touch keep their values and slots (TFRA's lazy
-//! behaviour). A row whose update would overflow to infinity is not stored
-//! and the call returns [`Error::NonFinite`] (see `update_rows`).
+//! behaviour). A row whose update would overflow to infinity (finite but
+//! extreme gradients) is not stored: it keeps its previous value and slots
+//! (a missing key is not inserted), the other rows are updated, and the
+//! call returns [`Error::NonFinite`] whose `index` is the batch position of
+//! the first such key's first occurrence.
 //!
 //! [`SparseOptimizer::apply`] is one whole step on one store. A model with
 //! several tables takes one step over all of them with one
@@ -295,14 +298,25 @@ impl<R: Rule> Step<R> {
         }
         let slots = self.slots(store)?;
         let batch = dedup(keys, grads, dim)?;
-        store.update_rows(&batch.keys, &slots, |i, value, slot_rows| {
-            R::update(
-                &self.consts,
-                &batch.grads[i * dim..(i + 1) * dim],
-                value,
-                slot_rows,
-            )
-        })
+        let grads = &batch.grads;
+        store
+            .update_rows(&batch.keys, &slots, |i, value, slot_rows| {
+                R::update(
+                    &self.consts,
+                    &grads[i * dim..(i + 1) * dim],
+                    value,
+                    slot_rows,
+                )
+            })
+            .map_err(|e| match e {
+                // Name the key by its position in the caller's batch.
+                Error::NonFinite { index, value, .. } => Error::NonFinite {
+                    what: "optimizer step result",
+                    index: batch.first[index] as usize,
+                    value,
+                },
+                e => e,
+            })
     }
 
     /// The rule's slots in `store`, created if missing.

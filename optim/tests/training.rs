@@ -465,3 +465,28 @@ fn four_threads_of_adam_leave_no_torn_row() {
         .unwrap();
     assert!(second.iter().all(|&x| x >= 0.0));
 }
+
+#[test]
+fn a_step_that_would_overflow_a_row_leaves_it_and_names_its_batch_position() {
+    let v = var::<i64>("emb", 3, 2);
+    v.upsert(&[1, 5], &[3e38, 3e38, 3e38, 0.0, 0.0, 0.0])
+        .unwrap();
+    let opt = SparseSgd::new(ParamsSgd { lr: 1.0 }).unwrap();
+    // Key 1 (first at position 1) would become 6e38: infinity in f32.
+    let keys = [5_i64, 1, 1, 9];
+    let grads = [
+        -1.0, -1.0, -1.0, -3e38, -3e38, -3e38, 0.0, 0.0, 0.0, -2.0, -2.0, -2.0,
+    ];
+    let err = opt.apply(&v, &keys, &grads).unwrap_err();
+    assert!(matches!(err, Error::NonFinite { index: 1, .. }), "{err}");
+    let mut rows = vec![0.0; 9];
+    v.lookup(&[1, 5, 9], &mut rows).unwrap();
+    assert_eq!(&rows[..3], &[3e38; 3], "the overflowing row is not stored");
+    assert_eq!(&rows[3..6], &[1.0; 3], "other rows are");
+    let mut init = vec![0.0; 3];
+    var::<i64>("emb", 3, 2).lookup(&[9], &mut init).unwrap();
+    assert_eq!(
+        &rows[6..],
+        &init.iter().map(|x| x + 2.0).collect::<Vec<_>>()[..]
+    );
+}
