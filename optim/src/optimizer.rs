@@ -150,10 +150,14 @@ impl<R: Rule> Sparse<R> {
         self.state().step
     }
 
-    /// Sets the base learning rate for the following steps.
+    /// Sets the base learning rate for the following steps (checked as
+    /// `new` checks it: FTRL needs it above 0).
     pub fn set_lr(&self, lr: f32) -> Result<()> {
-        check_lr(R::NAME, lr)?;
-        self.state().params.set_lr(lr);
+        let mut state = self.state();
+        let mut params = state.params.clone();
+        params.set_lr(lr);
+        params.validate()?;
+        state.params = params;
         Ok(())
     }
 
