@@ -314,9 +314,16 @@ impl Registry {
     /// checked first (present, intact, matching key type and dim) and locked
     /// against saves until all are applied; if any is not usable, nothing is
     /// changed. Variables with `checkpoint(false)` keep their contents;
-    /// checkpoints of names the registry does not have are ignored.
+    /// checkpoints of names the registry does not have are ignored. It holds
+    /// one open file per variable until it is done, so a registry of more
+    /// variables than the process may open files (`ulimit -n`) gets an
+    /// [`Error::Io`] before anything changes.
     pub fn restore_all(&self, dir: impl AsRef<Path>) -> Result<()> {
-        let saved = self.checkpointed()?;
+        let mut saved = self.checkpointed()?;
+        // Every restore_all locks checkpoints in one order (by name), so two
+        // of them and the saves they wait for never wait on each other in a
+        // cycle.
+        saved.sort_by(|a, b| a.name().cmp(b.name()));
         let verified = saved
             .iter()
             .map(|variable| {

@@ -100,8 +100,8 @@ fn checkpoint_is_index_json_plus_safetensors_files() {
     leftovers.sort();
     assert_eq!(
         leftovers,
-        vec![".ckpt.dynemb-lock", "ckpt"],
-        "the lock file stays; no staging directory is left behind"
+        vec![".ckpt.dynemb-lock", ".ckpt.dynemb-queue", "ckpt"],
+        "the lock files stay; no staging directory is left behind"
     );
 }
 

@@ -139,7 +139,10 @@ fn saves_from_several_threads_to_one_directory_each_publish_a_whole_checkpoint()
     let back = uniform("emb", 0..0, 0.0);
     back.restore(&ckpt).unwrap();
     assert!(expected.contains(&contents(&back)));
-    assert_eq!(names_in(dir.path()), [".ckpt.dynemb-lock", "ckpt"]);
+    assert_eq!(
+        names_in(dir.path()),
+        [".ckpt.dynemb-lock", ".ckpt.dynemb-queue", "ckpt"]
+    );
 }
 
 #[test]
@@ -167,7 +170,10 @@ fn save_all_refuses_names_whose_checkpoints_would_nest() {
     let back = Variable::<i64>::builder("a/b").dim(2).build().unwrap();
     back.restore(&saved).unwrap();
     assert_eq!(back.size(), 2);
-    assert_eq!(names_in(&dir.path().join("a")), [".b.dynemb-lock", "b"]);
+    assert_eq!(
+        names_in(&dir.path().join("a")),
+        [".b.dynemb-lock", ".b.dynemb-queue", "b"]
+    );
 }
 
 #[test]
@@ -439,4 +445,103 @@ fn crc32(bytes: &[u8]) -> u32 {
         }
     }
     !crc
+}
+
+#[test]
+fn a_stream_of_overlapping_restores_does_not_starve_a_save() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    uniform("emb", 0..100_000, 1.0).save(&ckpt).unwrap();
+    let saves_done = Arc::new(AtomicBool::new(false));
+    let loads = Arc::new(AtomicUsize::new(0));
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let (ckpt, saves_done, loads) =
+                (ckpt.clone(), Arc::clone(&saves_done), Arc::clone(&loads));
+            thread::spawn(move || {
+                let var = uniform("emb", 0..0, 0.0);
+                // Bounded, so a starved save shows as a failure, not a hang.
+                for _ in 0..1_000 {
+                    if saves_done.load(Ordering::Relaxed) {
+                        return false;
+                    }
+                    var.load(&ckpt).unwrap();
+                    loads.fetch_add(1, Ordering::Relaxed);
+                }
+                true
+            })
+        })
+        .collect();
+    while loads.load(Ordering::Relaxed) < 3 {
+        thread::yield_now();
+    }
+    let small = uniform("emb", 0..10, 2.0);
+    for _ in 0..3 {
+        small.save(&ckpt).unwrap();
+    }
+    saves_done.store(true, Ordering::Relaxed);
+    let starved = readers.into_iter().map(|r| r.join().unwrap()).any(|s| s);
+    assert!(!starved, "the saves waited until the readers gave up");
+}
+
+#[test]
+fn data_files_that_are_one_file_twice_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = scored_checkpoint(dir.path());
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(ckpt.join("index.json")).unwrap()).unwrap();
+    let name = index["files"][0]["file"].as_str().unwrap().to_string();
+    std::fs::hard_link(ckpt.join(&name), ckpt.join("shard-00000-00007.safetensors")).unwrap();
+    edit_index(&ckpt, |index| {
+        let mut file = index["files"][0].clone();
+        file["file"] = "shard-00000-00007.safetensors".into();
+        index["files"].as_array_mut().unwrap().push(file);
+        index["rows"] = 6.into();
+    });
+    refused(&ckpt, "hard link");
+}
+
+#[test]
+fn a_restore_reads_the_previous_checkpoint_a_half_done_publish_left() {
+    // Where directories cannot be exchanged atomically, a publish renames
+    // the old checkpoint aside first; a crash right then leaves it there.
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let saved = uniform("emb", 0..50, 3.0);
+    saved.save(&ckpt).unwrap();
+    std::fs::rename(&ckpt, dir.path().join(".ckpt.dynemb-previous")).unwrap();
+    let back = uniform("emb", 0..0, 0.0);
+    back.restore(&ckpt).unwrap();
+    assert_eq!(contents(&back), contents(&saved));
+    // The next save publishes normally; the stale copy is no longer read.
+    uniform("emb", 0..7, 4.0).save(&ckpt).unwrap();
+    back.restore(&ckpt).unwrap();
+    assert_eq!(back.size(), 7);
+}
+
+#[test]
+fn lock_files_are_never_followed_through_symlinks() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("elsewhere");
+    std::os::unix::fs::symlink(&target, dir.path().join(".ckpt.dynemb-queue")).unwrap();
+    let err = uniform("emb", 0..3, 1.0)
+        .save(dir.path().join("ckpt"))
+        .unwrap_err();
+    assert!(matches!(err, Error::Io { .. }), "{err}");
+    assert!(!target.exists(), "no file created through the symlink");
+    assert!(!dir.path().join("ckpt").exists());
+}
+
+#[test]
+fn a_lock_file_that_cannot_be_opened_fails_a_restore_instead_of_skipping_the_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    uniform("emb", 0..5, 1.0).save(&ckpt).unwrap();
+    let lock = dir.path().join(".ckpt.dynemb-lock");
+    std::fs::rename(&lock, dir.path().join("moved-lock")).unwrap();
+    std::os::unix::fs::symlink(dir.path().join("moved-lock"), &lock).unwrap();
+    let var = uniform("emb", 100..101, 9.0);
+    let err = var.restore(&ckpt).unwrap_err();
+    assert!(matches!(err, Error::Io { .. }), "{err}");
+    assert_eq!(var.size(), 1);
 }

@@ -18,23 +18,26 @@
 //! # Crash safety and concurrent saves
 //!
 //! `save(dir)` writes everything into a staging directory of its own beside
-//! `dir` (`.<name>.dynemb-saving-<pid>-<n>`), fsyncs every file and the
-//! directory, and only then puts it in place: on Linux by atomically
-//! exchanging it with the old `dir` (`renameat2(RENAME_EXCHANGE)`) and
-//! deleting the old one afterwards, so a save killed at any moment leaves
-//! either the previous checkpoint or the new one at `dir`, complete.
-//! Elsewhere the old directory is first renamed aside, which leaves a short
-//! window with no checkpoint at `dir` (the previous one is then at
-//! `.<name>.dynemb-previous`). A staging directory left by a killed save is
-//! removed by the next save.
+//! `dir` (`.<name>.dynemb-saving-<pid>-<n>-<random>`), fsyncs every file and
+//! the directory, and only then puts it in place: by atomically exchanging
+//! it with the old `dir` (Linux `renameat2(RENAME_EXCHANGE)`) and deleting
+//! the old one afterwards, so a save killed at any moment leaves either the
+//! previous checkpoint or the new one at `dir`, complete. File systems
+//! without the exchange (NFS, CIFS, many FUSE ones; every OS but Linux) get
+//! two renames instead; a crash between them leaves the previous checkpoint
+//! at `.<name>.dynemb-previous`, where a restore finds it. A staging
+//! directory left by a killed save is removed by the next save.
 //!
 //! Saves and restores of one directory, from threads of one process or from
-//! several processes, coordinate through a lock file beside it
-//! (`.<name>.dynemb-lock`; see the private `lock` module): saves write their files in
-//! parallel and publish one at a time (the last to publish wins, and every
-//! published checkpoint is whole), and a restore or load holds off every
-//! publish from the moment it opens the checkpoint until it has applied it.
-//!
+//! several processes, coordinate through two lock files beside it
+//! (`.<name>.dynemb-lock` and `.<name>.dynemb-queue`; see the private `lock`
+//! module): saves write their files in parallel and publish one at a time
+//! (the last to publish wins, and every published checkpoint is whole), a
+//! restore or load holds off every publish from the moment it opens the
+//! checkpoint until it has applied it, and a save waiting to publish holds
+//! off new restores, so restores cannot starve it. Two restores into one
+//! variable at the same time interleave their rows: serialize them.
+
 //! A save replaces only a checkpoint: a path that is a regular file, or a
 //! directory holding anything but checkpoint files (the user's files,
 //! another checkpoint nested inside) is an [`Error::InvalidArgument`] before
@@ -143,8 +146,8 @@ fn sync_dir(path: &Path) -> Result<()> {
 pub(crate) fn save<K: Key>(variable: &Variable<K>, dir: &Path) -> Result<()> {
     let place = Place::for_save(dir)?;
     let staging = {
-        let _lock = lock::exclusive(&place)?;
-        place.remove_abandoned_staging()?;
+        let _queue = lock::staging(&place)?;
+        place.remove_abandoned_staging();
         place.create_staging()?
     };
     if let Err(e) = write_checkpoint(variable, &staging.path) {
@@ -153,15 +156,14 @@ pub(crate) fn save<K: Key>(variable: &Variable<K>, dir: &Path) -> Result<()> {
         let _ = place::remove_dir(&staging.path);
         return Err(e);
     }
-    let published = {
-        let _lock = lock::exclusive(&place)?;
-        place
-            .check_replaceable()
-            .and_then(|()| publish(&place, &staging.path))
-    };
+    let published = lock::publishing(&place).and_then(|_locks| {
+        place.check_replaceable()?;
+        publish(&place, &staging.path)
+    });
     // After a publish `staging.path` holds the previous checkpoint; after a
-    // failure, this save's files.
-    place::remove_dir(&staging.path)?;
+    // failure, this save's files. Best effort: the next save removes what
+    // is left.
+    let _ = place::remove_dir(&staging.path);
     published?;
     place.sync_parent()
 }
@@ -251,20 +253,45 @@ fn write_checkpoint<K: Key>(variable: &Variable<K>, staging: &Path) -> Result<()
 
 /// Puts the finished `staging` directory at the checkpoint's place; the
 /// previous checkpoint, if any, ends up at `staging`. Runs under the
-/// exclusive lock.
+/// publishing locks.
+///
+/// The swap is one atomic exchange where the file system has it. Where it
+/// does not (`EINVAL`, `ENOSYS`, `EOPNOTSUPP`: NFS, CIFS, many FUSE file
+/// systems, and everything but Linux), the old directory is renamed to
+/// `.name.dynemb-previous`, the new one into place, and the old one to
+/// `staging`; a crash between the first two renames leaves no directory at
+/// `name`, and a restore then reads `.name.dynemb-previous`. Any other
+/// failure of the exchange is an error that moved nothing.
 fn publish(place: &Place, staging: &Path) -> Result<()> {
     let dir = &place.dir;
     if !dir.exists() {
         return fs::rename(staging, dir).map_err(|e| io_error(dir, &e));
     }
-    if exchange_dirs(staging, dir).is_ok() {
-        return Ok(());
+    match exchange_dirs(staging, dir) {
+        Ok(()) => return Ok(()),
+        Err(e) if !exchange_unsupported(&e) => return Err(io_error(dir, &e)),
+        Err(_) => {}
     }
     let previous = place.sibling("previous");
+    // A checkpoint is at `dir`, so a `previous` left by a crash is older.
     place::remove_dir(&previous)?;
     fs::rename(dir, &previous).map_err(|e| io_error(dir, &e))?;
-    fs::rename(staging, dir).map_err(|e| io_error(dir, &e))?;
-    fs::rename(&previous, staging).map_err(|e| io_error(&previous, &e))
+    if let Err(e) = fs::rename(staging, dir) {
+        let _ = fs::rename(&previous, dir);
+        return Err(io_error(dir, &e));
+    }
+    // Left at `previous` if this fails: harmless once `dir` exists.
+    let _ = fs::rename(&previous, staging);
+    Ok(())
+}
+
+/// Whether an exchange failed because the file system cannot exchange.
+fn exchange_unsupported(error: &std::io::Error) -> bool {
+    error.kind() == std::io::ErrorKind::Unsupported
+        || matches!(
+            error.raw_os_error(),
+            Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP)
+        )
 }
 
 /// Reads `index.json` from `dir` and checks that it fits `variable`.
@@ -371,6 +398,25 @@ pub(crate) struct Verified {
     _lock: Option<CheckpointLock>,
 }
 
+/// Checks that no two manifest entries are the same file (hard links):
+/// each file's rows are real bytes on disk, so what a restore reserves and
+/// reads is bounded by the checkpoint's size.
+fn check_distinct_files(dir: &Path, manifest: &Manifest) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let mut seen = std::collections::HashMap::new();
+    for entry in &manifest.files {
+        let path = dir.join(&entry.file);
+        let meta = fs::metadata(&path).map_err(|e| io_error(&path, &e))?;
+        if let Some(other) = seen.insert((meta.dev(), meta.ino()), &entry.file) {
+            return Err(corrupt(
+                &path,
+                format!("is the same file as {other} (a hard link)"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Timestamps further ahead of this machine's clock than this are refused:
 /// a clock that far off, or a corrupt score, would stall every later stamp.
 const MAX_CLOCK_AHEAD_NS: u64 = 24 * 3600 * 1_000_000_000;
@@ -381,16 +427,29 @@ const MAX_CLOCK_AHEAD_NS: u64 = 24 * 3600 * 1_000_000_000;
 /// not ahead of the clock) without changing anything.
 pub(crate) fn verify<K: Key>(variable: &Variable<K>, dir: &Path) -> Result<Verified> {
     let place = Place::for_read(dir)?;
+    let previous = place.sibling("previous");
     // No lock file is made beside a path that holds no checkpoint.
-    let lock = place.dir.is_dir().then(|| lock::shared(&place));
-    let manifest = read_manifest(variable, &place.dir)?;
+    let lock = if place.dir.is_dir() || previous.is_dir() {
+        lock::reading(&place)?
+    } else {
+        None
+    };
+    // A publish without an atomic exchange that crashed half-way left the
+    // last checkpoint at `previous` (see `publish`).
+    let dir = if !place.dir.exists() && previous.is_dir() {
+        previous
+    } else {
+        place.dir.clone()
+    };
+    let manifest = read_manifest(variable, &dir)?;
+    check_distinct_files(&dir, &manifest)?;
     let codec = KeyCodec::for_type(K::TYPE_NAME);
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
     let latest = now.saturating_add(MAX_CLOCK_AHEAD_NS);
     let timestamps = manifest.policy() == Some(RestrictPolicy::Timestamp);
-    for_each_file(&place.dir, &manifest, codec, |rows| {
+    for_each_file(&dir, &manifest, codec, |rows| {
         let shards = variable.num_shards();
         for &bits in &rows.keys {
             variable
@@ -400,7 +459,7 @@ pub(crate) fn verify<K: Key>(variable: &Variable<K>, dir: &Path) -> Result<Verif
         match rows.scores.as_deref() {
             Some(scores) if timestamps => match scores.iter().position(|&s| s > latest) {
                 Some(i) => Err(corrupt(
-                    &place.dir,
+                    &dir,
                     format!("timestamp score {} of key {:?} is more than a day ahead of this machine's clock", scores[i], K::from_bits(rows.keys[i])),
                 )),
                 None => Ok(()),
@@ -409,7 +468,7 @@ pub(crate) fn verify<K: Key>(variable: &Variable<K>, dir: &Path) -> Result<Verif
         }
     })?;
     Ok(Verified {
-        dir: place.dir,
+        dir,
         manifest,
         _lock: lock,
     })

@@ -2,27 +2,33 @@
 //! saves use.
 //!
 //! A checkpoint at `parent/name` has these siblings, all reserved:
-//! - `.name.dynemb-lock`: the lock file (see [`super::lock`]), kept;
-//! - `.name.dynemb-saving-<pid>-<n>`: one staging directory per save in
-//!   flight, each locked by its save for as long as it exists; one that
-//!   nobody holds locked is left over from a killed save and is removed by
-//!   the next save;
-//! - `.name.dynemb-previous`: only where the atomic exchange is missing
-//!   (not Linux), the old checkpoint between the two renames of a publish.
+//! - `.name.dynemb-lock` and `.name.dynemb-queue`: the lock files (see
+//!   [`super::lock`]), kept;
+//! - `.name.dynemb-saving-<pid>-<n>-<random>`: one staging directory per
+//!   save in flight (unique across processes, containers and hosts sharing
+//!   the directory), each locked by its save for as long as it exists; one
+//!   that nobody holds locked is left over from a killed save and is removed
+//!   by the next save (best effort: one that cannot be removed is left);
+//! - `.name.dynemb-previous`: only on file systems without an atomic
+//!   directory exchange, the old checkpoint between the two renames of a
+//!   publish; a restore that finds no checkpoint at `name` reads it there.
 //!
 //! Paths are taken as the user gives them, then made exact: an existing
 //! path is resolved through symlinks (a symlink to a checkpoint directory
 //! keeps pointing at it; the directory it points to is replaced), and a
 //! missing one gets its parent created and resolved. A save never replaces
-//! something that is not a checkpoint: a regular file, or a directory
-//! holding anything but `index.json` and `shard-*.safetensors` files
-//! (another variable's checkpoint nested inside, the user's own files), is
-//! an [`Error::InvalidArgument`] before anything is written.
+//! something that is not a checkpoint: a regular file, a dangling symlink,
+//! the current working directory, or a directory holding anything but
+//! `index.json` and `shard-*.safetensors` files (another variable's
+//! checkpoint nested inside, the user's own files), is an
+//! [`Error::InvalidArgument`] before anything is written.
 
 use super::io_error;
 use super::manifest::MANIFEST;
 use crate::{Error, Result};
+use std::collections::hash_map::RandomState;
 use std::fs::{self, File};
+use std::hash::BuildHasher;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -84,6 +90,12 @@ impl Place {
                 Place::at(&parent.join(&given.name))?
             }
         };
+        if std::env::current_dir().is_ok_and(|cwd| cwd == place.dir) {
+            return Err(Error::InvalidArgument(format!(
+                "checkpoint path {} is the current working directory, which a save would replace",
+                dir.display()
+            )));
+        }
         if is_reserved(&place.name) {
             return Err(Error::InvalidArgument(format!(
                 "checkpoint path {}: names like .x{RESERVED}... are reserved for staging and lock files",
@@ -139,7 +151,7 @@ impl Place {
             Err(e) => return Err(io_error(&self.dir, &e)),
         };
         if !meta.is_dir() {
-            return refuse("exists and is not a directory".to_string());
+            return refuse("exists and is not a directory (or is a dangling symlink)".to_string());
         }
         let entries = fs::read_dir(&self.dir).map_err(|e| io_error(&self.dir, &e))?;
         for entry in entries {
@@ -167,17 +179,23 @@ impl Place {
     /// Creates and locks a new staging directory for one save.
     pub(crate) fn create_staging(&self) -> Result<Staging> {
         let n = NEXT_STAGING.fetch_add(1, Ordering::Relaxed);
-        let path = self.sibling(&format!("saving-{}-{n}", std::process::id()));
+        // The pid is unique only within a pid namespace: a random part keeps
+        // containers and hosts sharing the directory apart.
+        let random = RandomState::new().hash_one((n, std::time::SystemTime::now()));
+        let path = self.sibling(&format!("saving-{}-{n}-{random:016x}", std::process::id()));
         fs::create_dir(&path).map_err(|e| io_error(&path, &e))?;
         let lock = File::open(&path).ok().filter(|dir| dir.try_lock().is_ok());
         Ok(Staging { path, _lock: lock })
     }
 
     /// Removes the staging directories that no save holds: left over from
-    /// saves that were killed or failed to clean up.
-    pub(crate) fn remove_abandoned_staging(&self) -> Result<()> {
+    /// saves that were killed or failed to clean up. Best effort: one that
+    /// cannot be removed is left for a later save.
+    pub(crate) fn remove_abandoned_staging(&self) {
         let prefix = format!(".{}{RESERVED}saving-", self.name);
-        let entries = fs::read_dir(&self.parent).map_err(|e| io_error(&self.parent, &e))?;
+        let Ok(entries) = fs::read_dir(&self.parent) else {
+            return;
+        };
         for entry in entries.flatten() {
             let is_staging = entry
                 .file_name()
@@ -189,10 +207,9 @@ impl Place {
             let path = entry.path();
             let abandoned = File::open(&path).is_ok_and(|dir| dir.try_lock().is_ok());
             if abandoned {
-                remove_dir(&path)?;
+                let _ = fs::remove_dir_all(&path);
             }
         }
-        Ok(())
     }
 
     /// Flushes the parent's entries (the publish's renames) to disk.

@@ -6,7 +6,8 @@ use std::path::Path;
 
 /// Atomically exchanges the directories `a` and `b` (both must exist): after
 /// it returns, `a` holds what `b` held and the reverse, and no observer ever
-/// sees either path missing. Linux `renameat2(RENAME_EXCHANGE)`.
+/// sees either path missing. Linux `renameat2(RENAME_EXCHANGE)`; file
+/// systems without it answer `EINVAL` (or `ENOSYS`, `EOPNOTSUPP`).
 #[cfg(all(target_os = "linux", target_env = "gnu", not(miri)))]
 pub(crate) fn exchange_dirs(a: &Path, b: &Path) -> io::Result<()> {
     use std::ffi::CString;
