@@ -33,6 +33,10 @@ pub trait EmbeddingStore: Send + Sync {
     /// Values per row.
     fn dim(&self) -> usize;
 
+    /// Whether optimizers may train it (a `Variable`'s `trainable` flag);
+    /// optimizers refuse to step a store that is not.
+    fn trainable(&self) -> bool;
+
     /// Copies the rows of `keys` into `out` (`keys.len() * dim` values); a
     /// missing key reads the initializer's row. Never inserts.
     fn lookup(&self, keys: &[Self::Key], out: &mut [f32]) -> Result<()>;
@@ -49,6 +53,9 @@ pub trait EmbeddingStore: Send + Sync {
     /// The slot column called `name`
     /// ([`Error::UnknownSlot`](crate::Error::UnknownSlot) if none).
     fn slot_id(&self, name: &str) -> Result<SlotId>;
+
+    /// The value every row of `slot` starts at.
+    fn slot_initial(&self, slot: SlotId) -> Result<f32>;
 
     /// Copies `slot`'s rows of `keys` into `out`; a missing key reads the
     /// slot's initial value. Never inserts.
@@ -72,6 +79,12 @@ impl<K: Key> EmbeddingStore for Variable<K> {
     }
     fn dim(&self) -> usize {
         Variable::dim(self)
+    }
+    fn trainable(&self) -> bool {
+        Variable::trainable(self)
+    }
+    fn slot_initial(&self, slot: SlotId) -> Result<f32> {
+        Variable::slot_initial(self, slot)
     }
     fn lookup(&self, keys: &[K], out: &mut [f32]) -> Result<()> {
         Variable::lookup(self, keys, out)

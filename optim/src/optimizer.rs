@@ -25,6 +25,11 @@
 //! call returns [`Error::NonFinite`] whose `index` is the batch position of
 //! the first such key's first occurrence.
 //!
+//! Slots are named as TensorFlow names them (`m`, `v`, `accumulator`, ...),
+//! without the optimizer's name: two optimizers training one variable share
+//! same-named slots whose meaning may differ (Adam's `v` is not Adamax's).
+//! Train each variable with one optimizer, as TFRA does.
+//!
 //! [`SparseOptimizer::apply`] is one whole step on one store. A model with
 //! several tables takes one step over all of them with one
 //! [`Sparse::begin_step`] and a [`Step::apply`] per table (of any key
@@ -68,6 +73,10 @@ pub trait Rule:
     /// its summed gradient row `grad`.
     fn update(step: &Self::Step, grad: &[f32], value: &mut [f32], slots: &mut [f32]);
 }
+
+/// Most steps an optimizer counts (far beyond any training run; keeps `t`
+/// exact in the `f32` bias corrections' exponents' range of use).
+const MAX_STEPS: u64 = 1 << 62;
 
 /// Checks a hyperparameter.
 pub(crate) fn check(ok: bool, optimizer: &str, what: impl std::fmt::Display) -> Result<()> {
@@ -151,7 +160,10 @@ impl<R: Rule> Sparse<R> {
     }
 
     /// Sets the base learning rate for the following steps (checked as
-    /// `new` checks it: FTRL needs it above 0).
+    /// `new` checks it: FTRL needs it above 0). Under a schedule, the base
+    /// rate is what `ExponentialDecay` scales, and `PiecewiseConstant`
+    /// ignores it (unlike Keras, where assigning a rate replaces the
+    /// schedule: call `set_learning_rate(LearningRate::Constant)` for that).
     pub fn set_lr(&self, lr: f32) -> Result<()> {
         let mut state = self.state();
         let mut params = state.params.clone();
@@ -175,17 +187,33 @@ impl<R: Rule> Sparse<R> {
     }
 
     /// Starts a step: takes the next step number and the learning rate for
-    /// it. Apply it to every store of the model with [`Step::apply`].
-    pub fn begin_step(&self) -> Step<R> {
+    /// it. Apply it to every store of the model with [`Step::apply`]. An
+    /// [`Error::InvalidArgument`] (and no step taken) if the schedule's
+    /// learning rate at this step is not one the rule accepts (not finite;
+    /// 0 for FTRL) or the step count is exhausted.
+    pub fn begin_step(&self) -> Result<Step<R>> {
         let mut state = self.state();
         let lr = state.learning_rate.at(state.params.lr(), state.step);
-        state.step += 1;
-        Step {
-            t: state.step,
+        let mut params = state.params.clone();
+        params.set_lr(lr);
+        params.validate().map_err(|e| {
+            Error::InvalidArgument(format!(
+                "the learning-rate schedule gives {lr} at step {}: {e}",
+                state.step + 1
+            ))
+        })?;
+        let t = state
+            .step
+            .checked_add(1)
+            .filter(|&t| t <= MAX_STEPS)
+            .ok_or_else(|| Error::InvalidArgument(format!("{}: step count exhausted", R::NAME)))?;
+        state.step = t;
+        Ok(Step {
+            t,
             lr,
-            consts: state.params.prepare(state.step, lr),
+            consts: state.params.prepare(t, lr),
             params: state.params.clone(),
-        }
+        })
     }
 
     /// The optimizer's state (its type, hyperparameters, step count and
@@ -216,6 +244,13 @@ impl<R: Rule> Sparse<R> {
         let saved: State<R> = serde_json::from_value(value).map_err(unreadable)?;
         saved.params.validate()?;
         saved.learning_rate.validate()?;
+        if saved.step >= MAX_STEPS {
+            return Err(Error::InvalidArgument(format!(
+                "{} state: step {} is beyond {MAX_STEPS}",
+                R::NAME,
+                saved.step
+            )));
+        }
         *self.state() = saved;
         Ok(())
     }
@@ -232,14 +267,29 @@ impl<R: Rule> Sparse<R> {
         let name = path.file_name().ok_or_else(|| {
             Error::InvalidArgument(format!("state path {} has no file name", path.display()))
         })?;
-        let staging = path.with_file_name(format!(".{}.saving", name.to_string_lossy()));
-        {
+        // One staging name per save, so concurrent saves never share one.
+        static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let staging = path.with_file_name(format!(
+            ".{}.saving-{}-{n}",
+            name.to_string_lossy(),
+            std::process::id()
+        ));
+        let written = (|| {
             use std::io::Write;
-            let mut file = std::fs::File::create(&staging).map_err(io)?;
-            file.write_all(self.state_json().as_bytes()).map_err(io)?;
-            file.sync_all().map_err(io)?;
+            let mut file = std::fs::File::create(&staging)?;
+            file.write_all(self.state_json().as_bytes())?;
+            file.sync_all()?;
+            std::fs::rename(&staging, path)?;
+            match path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                Some(parent) => std::fs::File::open(parent)?.sync_all(),
+                None => std::fs::File::open(".")?.sync_all(),
+            }
+        })();
+        if written.is_err() {
+            let _ = std::fs::remove_file(&staging);
         }
-        std::fs::rename(&staging, path).map_err(io)
+        written.map_err(io)
     }
 
     /// Restores the state saved by [`Sparse::save_state`] at `path` (as
@@ -256,9 +306,70 @@ impl<R: Rule> Sparse<R> {
 }
 
 impl<R: Rule> SparseOptimizer for Sparse<R> {
+    /// One step on one store. The input and the store's slots are checked
+    /// before the step number is taken, so a refused batch changes nothing,
+    /// the step count included.
     fn apply<S: EmbeddingStore>(&self, store: &S, keys: &[S::Key], grads: &[f32]) -> Result<()> {
-        self.begin_step().apply(store, keys, grads)
+        check_batch(store, keys, grads)?;
+        let slots = prepare_slots(&self.params(), store)?;
+        self.begin_step()?.update(store, keys, grads, &slots)
     }
+}
+
+/// Checks a batch for `store` before anything changes: the store is
+/// trainable, `grads` holds `keys.len() * dim` values, all finite.
+fn check_batch<S: EmbeddingStore>(store: &S, keys: &[S::Key], grads: &[f32]) -> Result<()> {
+    if !store.trainable() {
+        return Err(Error::InvalidArgument(format!(
+            "{:?} is not trainable",
+            store.name()
+        )));
+    }
+    let dim = store.dim();
+    let expected = keys.len().checked_mul(dim).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "a batch of {} rows of {dim} values is too large",
+            keys.len()
+        ))
+    })?;
+    if grads.len() != expected {
+        return Err(Error::LengthMismatch {
+            what: "grads",
+            expected,
+            actual: grads.len(),
+        });
+    }
+    match grads.iter().position(|g| !g.is_finite()) {
+        Some(index) => Err(Error::NonFinite {
+            what: "grads",
+            index,
+            value: grads[index],
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The rule's slots in `store`: every existing one's initial value is
+/// checked first ([`Error::Mismatch`], nothing created), then the missing
+/// ones are created.
+fn prepare_slots<R: Rule, S: EmbeddingStore>(params: &R, store: &S) -> Result<Vec<SlotId>> {
+    let slots = params.slots();
+    for &(name, initial) in &slots {
+        if let Ok(id) = store.slot_id(name) {
+            let existing = store.slot_initial(id)?;
+            if existing != initial {
+                return Err(Error::Mismatch {
+                    name: format!("{}/{name}", store.name()),
+                    existing: format!("slot with initial value {existing}"),
+                    requested: format!("{}'s initial value {initial}", R::NAME),
+                });
+            }
+        }
+    }
+    slots
+        .into_iter()
+        .map(|(name, initial)| store.create_slot(name, initial))
+        .collect()
 }
 
 impl<R: Rule> Step<R> {
@@ -279,32 +390,24 @@ impl<R: Rule> Step<R> {
         keys: &[S::Key],
         grads: &[f32],
     ) -> Result<()> {
+        check_batch(store, keys, grads)?;
+        let slots = prepare_slots(&self.params, store)?;
+        self.update(store, keys, grads, &slots)
+    }
+
+    /// Sums repeated keys and updates every row (input already checked).
+    fn update<S: EmbeddingStore>(
+        &self,
+        store: &S,
+        keys: &[S::Key],
+        grads: &[f32],
+        slots: &[SlotId],
+    ) -> Result<()> {
         let dim = store.dim();
-        let expected = keys.len().checked_mul(dim).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "a batch of {} rows of {dim} values is too large",
-                keys.len()
-            ))
-        })?;
-        if grads.len() != expected {
-            return Err(Error::LengthMismatch {
-                what: "grads",
-                expected,
-                actual: grads.len(),
-            });
-        }
-        if let Some(index) = grads.iter().position(|g| !g.is_finite()) {
-            return Err(Error::NonFinite {
-                what: "grads",
-                index,
-                value: grads[index],
-            });
-        }
-        let slots = self.slots(store)?;
         let batch = dedup(keys, grads, dim)?;
         let grads = &batch.grads;
         store
-            .update_rows(&batch.keys, &slots, |i, value, slot_rows| {
+            .update_rows(&batch.keys, slots, |i, value, slot_rows| {
                 R::update(
                     &self.consts,
                     &grads[i * dim..(i + 1) * dim],
@@ -321,14 +424,5 @@ impl<R: Rule> Step<R> {
                 },
                 e => e,
             })
-    }
-
-    /// The rule's slots in `store`, created if missing.
-    fn slots<S: EmbeddingStore>(&self, store: &S) -> Result<Vec<SlotId>> {
-        self.params
-            .slots()
-            .into_iter()
-            .map(|(name, initial)| store.create_slot(name, initial))
-            .collect()
     }
 }

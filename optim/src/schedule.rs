@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 /// How the learning rate follows the step count.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum LearningRate {
     /// The optimizer's `lr`, whatever the step.
     #[default]

@@ -231,7 +231,7 @@ fn one_step_over_tables_of_several_key_types_advances_the_step_once() {
         ..Default::default()
     })
     .unwrap();
-    let step = opt.begin_step();
+    let step = opt.begin_step().unwrap();
     assert_eq!((step.t(), opt.steps()), (1, 1));
     step.apply(&users, &[-1, 5], &[0.2; 8]).unwrap();
     step.apply(&items, &[7], &[0.2; 8]).unwrap();
@@ -489,4 +489,84 @@ fn a_step_that_would_overflow_a_row_leaves_it_and_names_its_batch_position() {
         &rows[6..],
         &init.iter().map(|x| x + 2.0).collect::<Vec<_>>()[..]
     );
+}
+
+#[test]
+fn a_refused_batch_takes_no_step_and_creates_no_slot() {
+    let v = var::<i64>("emb", 1, 1);
+    let opt = SparseAdam::new(ParamsAdam {
+        lr: 0.1,
+        ..Default::default()
+    })
+    .unwrap();
+    assert!(opt.apply(&v, &[1], &[0.1, 0.1]).is_err());
+    assert!(opt.apply(&v, &[1], &[f32::INFINITY]).is_err());
+    v.create_slot("v", 0.5).unwrap();
+    let err = opt.apply(&v, &[1], &[1.0]).unwrap_err();
+    assert!(matches!(err, Error::Mismatch { .. }), "{err}");
+    assert_eq!(opt.steps(), 0, "no step was taken");
+    assert_eq!(
+        v.slot_names(),
+        ["v"],
+        "m was not created before the mismatch"
+    );
+}
+
+#[test]
+fn variables_that_are_not_trainable_are_refused() {
+    let v = Variable::<i64>::builder("frozen")
+        .dim(2)
+        .trainable(false)
+        .build()
+        .unwrap();
+    v.upsert(&[1], &[1.0, 1.0]).unwrap();
+    let opt = SparseSgd::new(ParamsSgd { lr: 1.0 }).unwrap();
+    let err = opt.apply(&v, &[1], &[1.0, 1.0]).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    let mut row = [0.0; 2];
+    v.lookup(&[1], &mut row).unwrap();
+    assert_eq!(row, [1.0, 1.0]);
+    assert_eq!(opt.steps(), 0);
+}
+
+#[test]
+fn a_schedule_reaching_a_rate_the_rule_refuses_stops_before_the_step() {
+    let v = var::<i64>("emb", 2, 1);
+    let opt = SparseFtrl::new(ParamsFtrl {
+        lr: 0.1,
+        ..Default::default()
+    })
+    .unwrap();
+    opt.set_learning_rate(LearningRate::PiecewiseConstant {
+        boundaries: vec![1],
+        values: vec![0.1, 0.0],
+    })
+    .unwrap();
+    opt.apply(&v, &[1], &[0.5, 0.5]).unwrap();
+    opt.apply(&v, &[1], &[0.5, 0.5]).unwrap();
+    let err = opt.apply(&v, &[1], &[0.5, 0.5]).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    assert_eq!(opt.steps(), 2);
+}
+
+#[test]
+fn hostile_state_is_refused() {
+    let opt = SparseAdam::new(ParamsAdam::default()).unwrap();
+    let huge = opt
+        .state_json()
+        .replace("\"step\": 0", &format!("\"step\": {}", u64::MAX));
+    assert!(opt.restore_state_json(&huge).is_err());
+    opt.set_learning_rate(LearningRate::ExponentialDecay {
+        decay_steps: 10,
+        decay_rate: 0.5,
+        staircase: false,
+    })
+    .unwrap();
+    let typo = opt.state_json().replace(
+        "\"staircase\": false",
+        "\"staircase\": false, \"stair_case\": true",
+    );
+    assert_ne!(typo, opt.state_json());
+    assert!(opt.restore_state_json(&typo).is_err());
+    assert_eq!(opt.steps(), 0);
 }

@@ -56,9 +56,11 @@ pub(crate) fn check_moments(optimizer: &str, beta1: f32, beta2: f32, eps: f32) -
         )?;
     }
     check(
-        eps.is_finite() && eps > 0.0,
+        eps.is_finite() && eps >= f32::MIN_POSITIVE,
         optimizer,
-        format!("eps must be > 0, got {eps}"),
+        format!(
+            "eps must be a normal positive number (TensorFlow flushes subnormals to 0), got {eps}"
+        ),
     )
 }
 

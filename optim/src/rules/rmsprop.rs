@@ -132,9 +132,12 @@ impl Rule for ParamsRmsProp {
             format!("momentum must be in [0, 1], got {}", self.momentum),
         )?;
         check(
-            self.eps.is_finite() && self.eps > 0.0,
+            self.eps.is_finite() && self.eps >= f32::MIN_POSITIVE,
             Self::NAME,
-            format!("eps must be > 0, got {}", self.eps),
+            format!(
+                "eps must be a normal positive number (TensorFlow flushes subnormals to 0), got {}",
+                self.eps
+            ),
         )
     }
     fn lr(&self) -> f32 {
