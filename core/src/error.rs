@@ -53,6 +53,16 @@ pub enum Error {
         /// The most rows one shard can address.
         max_rows: u64,
     },
+    /// Memory for the table could not be had: an index or a segment of rows
+    /// larger than the system will provide (a capacity hint or a row width
+    /// too large for this machine).
+    #[error("out of memory: cannot allocate {bytes} bytes for {what}")]
+    OutOfMemory {
+        /// What was being allocated (`"index"`, `"rows"`).
+        what: &'static str,
+        /// How many bytes were asked for (`usize::MAX` if the size overflows).
+        bytes: usize,
+    },
     /// A variable of this name exists where a new one was required
     /// ([`Reuse::No`](crate::Reuse::No)).
     #[error("variable {name} already exists")]

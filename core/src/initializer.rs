@@ -43,6 +43,23 @@
 //! - `RandomUniform { low, high }`: uniform on `[low, high)`; `high` itself is
 //!   never produced (except `low == high`, which gives exactly `low`).
 //! - `stddev == 0` gives exactly `mean`.
+//!
+//! # Every value is finite
+//!
+//! [`Initializer::validate`] accepts only settings whose every possible
+//! value is finite, so an initial row never holds an infinity that a
+//! checkpoint could not store. The bounds are exact for the formulas
+//! [`Initializer::fill`] computes (f32 rounding is monotonic, so checking
+//! the formula at the extreme `z` covers every `z` between):
+//!
+//! - `TruncatedNormal`: `|z| <= 2`, so it checks `mean ± stddev * 2` (as
+//!   `mean + stddev * z` in f32) is finite;
+//! - `RandomNormal`: the ziggurat sampler's `|z|` is below
+//!   [`Initializer::NORMAL_Z_BOUND`] `= 12.25` (see its docs for why), so it
+//!   checks `mean ± stddev * 12.25`;
+//! - `RandomUniform`: computed in f64, where `high - low` cannot overflow
+//!   (even `[-f32::MAX, f32::MAX)`), and every value lies in `[low, high)`,
+//!   so any finite `low <= high` is accepted.
 
 use rand::{Rng, RngCore};
 use rand_distr::StandardNormal;
@@ -97,12 +114,32 @@ pub enum Initializer {
 }
 
 impl Initializer {
+    /// A bound on the magnitude of the standard normal values `z` that
+    /// `RandomNormal` draws: [`Initializer::validate`] accepts a
+    /// `RandomNormal` only if `mean ± stddev * NORMAL_Z_BOUND` is finite.
+    ///
+    /// `rand_distr`'s ziggurat returns `|z| < R ≈ 3.6542` except in its tail
+    /// step, which returns `R + |x|` with `x = ln(u1) / R` accepted only if
+    /// `x² <= -2 ln(u2)`, `u1` and `u2` from `rand`'s `Open01`, whose
+    /// smallest value is `2^-53`: so `|x| <= sqrt(106 ln 2) ≈ 8.5717` and
+    /// `|z| < 12.2259` (a unit test drives the sampler to `12.2254`).
+    pub const NORMAL_Z_BOUND: f32 = 12.25;
+
     /// Checks the settings against the row `dim`.
     ///
     /// `Values` must hold exactly `dim` elements (the message names the
     /// expected and the actual length); every parameter and value must be
-    /// finite; `stddev >= 0`; `low <= high`. Returns
-    /// [`Error::InvalidArgument`] otherwise. Called by
+    /// finite; `stddev >= 0`; `low <= high`; and every value the initializer
+    /// can produce must be finite, so that no row a variable stores or reads
+    /// is infinite. The bounds are exact for the formula
+    /// [`fill`](Self::fill) computes, `mean + stddev * z` in f32 (rounding is
+    /// monotonic, so checking the extreme `z` covers every `z` between):
+    /// `RandomNormal` checks `z = ±`[`NORMAL_Z_BOUND`](Self::NORMAL_Z_BOUND),
+    /// `TruncatedNormal` `z = ±2` (its values lie in `mean ± 2 * stddev`).
+    /// `RandomUniform` computes `low + (high - low) * u` in f64, where it
+    /// cannot overflow (even for `[-f32::MAX, f32::MAX)`), and its values
+    /// lie in `[low, high)`, so any finite `low <= high` is accepted.
+    /// Returns [`Error::InvalidArgument`] otherwise. Called by
     /// [`VariableBuilder::build`](crate::VariableBuilder::build).
     pub fn validate(&self, dim: usize) -> Result<()> {
         match self {
@@ -125,10 +162,10 @@ impl Initializer {
                 }
             }
             Self::RandomNormal { mean, stddev, .. } => {
-                normal_params("RandomNormal", *mean, *stddev)
+                normal_params("RandomNormal", *mean, *stddev, Self::NORMAL_Z_BOUND)
             }
             Self::TruncatedNormal { mean, stddev, .. } => {
-                normal_params("TruncatedNormal", *mean, *stddev)
+                normal_params("TruncatedNormal", *mean, *stddev, TRUNCATE_AT)
             }
             Self::RandomUniform { low, high, .. } => {
                 finite("RandomUniform", "low", *low)?;
@@ -272,12 +309,23 @@ fn finite(variant: &str, param: &str, value: f32) -> Result<()> {
     }
 }
 
-fn normal_params(variant: &str, mean: f32, stddev: f32) -> Result<()> {
+/// Checks a normal initializer's parameters, and that `mean + stddev * z`,
+/// computed in f32 as [`Initializer::fill`] computes it, is finite for `z =
+/// ±z_bound` (and so, rounding being monotonic, for every `|z| <= z_bound`).
+fn normal_params(variant: &str, mean: f32, stddev: f32, z_bound: f32) -> Result<()> {
     finite(variant, "mean", mean)?;
     finite(variant, "stddev", stddev)?;
     if stddev < 0.0 {
         return Err(Error::InvalidArgument(format!(
             "{variant} initializer: stddev must be >= 0, got {stddev}"
+        )));
+    }
+    let extremes = [mean + stddev * z_bound, mean + stddev * -z_bound];
+    if let Some(value) = extremes.into_iter().find(|v| !v.is_finite()) {
+        return Err(Error::InvalidArgument(format!(
+            "{variant} initializer: mean {mean} and stddev {stddev} overflow: \
+             mean ± stddev * {z_bound} (the largest |z| it draws) gives {value}, \
+             and every value must be finite"
         )));
     }
     Ok(())
@@ -801,6 +849,132 @@ mod tests {
         ] {
             let mut out = [0.0f32; 8];
             init.fill(1, &mut out);
+        }
+    }
+
+    /// A generator that returns `script`, then alternates `u64::MAX` and 0
+    /// from its first odd draw (so a pending tail loop of the ziggurat draws
+    /// x_ ~ 1 and y_ = 2^-53, and exits).
+    struct Scripted {
+        script: Vec<u64>,
+        next: usize,
+    }
+
+    impl RngCore for Scripted {
+        fn next_u32(&mut self) -> u32 {
+            self.next_u64() as u32
+        }
+        fn next_u64(&mut self) -> u64 {
+            let i = self.next;
+            self.next += 1;
+            match self.script.get(i) {
+                Some(&v) => v,
+                None if i % 2 == 1 => u64::MAX,
+                None => 0,
+            }
+        }
+        fn fill_bytes(&mut self, dst: &mut [u8]) {
+            for chunk in dst.chunks_mut(8) {
+                let bytes = self.next_u64().to_le_bytes();
+                chunk.copy_from_slice(&bytes[..chunk.len()]);
+            }
+        }
+    }
+
+    #[test]
+    fn the_normal_samplers_largest_z_is_below_the_bound() {
+        // The ziggurat's first draw: layer 0 (low 8 bits 0) at u = -1 (bits
+        // 12.. zero), beyond the layer: the tail step, which draws
+        // x = ln(x_) / R and y = ln(y_) (x_, y_ from Open01: the top 52
+        // bits n give (n + 0.5) * 2^-52) until x² <= -2y, and returns
+        // -(R + |x|). The largest |x| comes with the smallest y_ (n = 0);
+        // scan x_ around where x² = -2 ln(2^-53).
+        let mut largest = 0.0f32;
+        for n in 1u64..400 {
+            let mut rng = Scripted {
+                script: vec![0, n << 12, 0],
+                next: 0,
+            };
+            let z: f32 = rng.sample(StandardNormal);
+            largest = largest.max(z.abs());
+        }
+        println!("largest |z| of the tail: {largest}");
+        assert!(
+            largest > 12.2,
+            "the scan reaches the tail's extreme: {largest}"
+        );
+        assert!(
+            largest < Initializer::NORMAL_Z_BOUND,
+            "largest |z| {largest} vs bound {}",
+            Initializer::NORMAL_Z_BOUND
+        );
+        // Below x² = 73.47 the tail returns at once; above it, it draws again.
+        let mut rng = Scripted {
+            script: vec![0, 0, 0],
+            next: 0,
+        };
+        let z: f32 = rng.sample(StandardNormal);
+        assert!(z.abs() < 4.0, "x_ = 2^-53 is refused, then x_ ~ 1: {z}");
+    }
+
+    #[test]
+    fn normal_parameters_whose_values_overflow_are_rejected() {
+        let bound = Initializer::NORMAL_Z_BOUND;
+        let normal = |mean, stddev| Initializer::RandomNormal {
+            mean,
+            stddev,
+            seed: 0,
+        };
+        let truncated = |mean, stddev| Initializer::TruncatedNormal {
+            mean,
+            stddev,
+            seed: 0,
+        };
+        for bad in [
+            normal(f32::MAX, f32::MAX),
+            normal(3e38, 1e37),
+            normal(-3e38, 1e37),
+            normal(0.0, f32::MAX / 12.0),
+            truncated(f32::MAX, f32::MAX),
+            truncated(3e38, 3e37),
+            truncated(0.0, f32::MAX / 1.9),
+            truncated(-f32::MAX, 1e32),
+        ] {
+            let msg = message(bad.validate(1));
+            assert!(msg.contains("overflow"), "{bad:?}: {msg}");
+        }
+        // At the edge: the largest values are finite, and so is every row.
+        for good in [
+            normal(0.0, f32::MAX / bound * 0.999_999),
+            normal(f32::MAX, 1.0),
+            normal(3e38, 1e30),
+            truncated(0.0, f32::MAX / 2.0),
+            truncated(f32::MAX / 2.0, f32::MAX / 4.0),
+            truncated(-f32::MAX, 1.0),
+        ] {
+            assert_eq!(good.validate(3), Ok(()), "{good:?}");
+            for key in 0..if cfg!(miri) { 20 } else { 2000 } {
+                let r = row(&good, key, 3);
+                assert!(r.iter().all(|x| x.is_finite()), "{good:?} key {key}: {r:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn uniform_over_the_widest_range_is_accepted_and_finite() {
+        // `high - low` overflows in f32 but not in f64, where fill computes.
+        let init = Initializer::RandomUniform {
+            low: -3e38,
+            high: 3e38,
+            seed: 1,
+        };
+        assert_eq!(init.validate(2), Ok(()));
+        for key in 0..if cfg!(miri) { 20 } else { 5000 } {
+            let r = row(&init, key, 2);
+            assert!(
+                r.iter().all(|&x| (-3e38..3e38).contains(&x)),
+                "key {key}: {r:?}"
+            );
         }
     }
 

@@ -15,8 +15,10 @@ pub trait Key:
     fn to_bits(self) -> u64;
     /// Inverse of [`Key::to_bits`] for bits produced by it.
     fn from_bits(bits: u64) -> Self;
-    /// Floor modulo of the key's value by `n` (`rem_euclid`), `n > 0`: the
-    /// default partitioner.
+    /// Floor modulo of the key's value by `n` (`rem_euclid`): the default
+    /// partitioner. `n == 0` gives 0 rather than dividing by zero (there is
+    /// no shard to pick; [`Partitioner::shard_of`](crate::Partitioner::shard_of)
+    /// refuses zero shards).
     fn floor_mod(self, n: usize) -> usize;
 }
 
@@ -42,7 +44,7 @@ macro_rules! signed_key {
             }
             #[inline]
             fn floor_mod(self, n: usize) -> usize {
-                (self as i128).rem_euclid(n as i128) as usize
+                (self as i128).checked_rem_euclid(n as i128).unwrap_or(0) as usize
             }
         }
     };
@@ -62,7 +64,7 @@ macro_rules! unsigned_key {
             }
             #[inline]
             fn floor_mod(self, n: usize) -> usize {
-                (self as u64 % n as u64) as usize
+                (self as u64).checked_rem(n as u64).unwrap_or(0) as usize
             }
         }
     };
@@ -106,5 +108,7 @@ mod tests {
         assert_eq!((-7i32).floor_mod(4), 1);
         assert_eq!(u64::MAX.floor_mod(10), (u64::MAX % 10) as usize);
         assert_eq!(7u32.floor_mod(4), 3);
+        assert_eq!((-7i64).floor_mod(0), 0, "no shards: no division by zero");
+        assert_eq!(7u64.floor_mod(0), 0);
     }
 }

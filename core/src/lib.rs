@@ -22,8 +22,9 @@
 //! # Ok::<(), dynemb::Error>(())
 //! ```
 //!
-//! Layout: [`raw`] holds the lock-free table and is the only module with
-//! `unsafe`; [`Variable`] is what users hold (shards, partitioner,
+//! Layout: `raw` holds the lock-free table and is the only module with
+//! `unsafe` (public but hidden: not API, there for the benchmarks);
+//! [`Variable`] is what users hold (shards, partitioner,
 //! initializer, optimizer slot columns, restrict-policy scores); [`Key`],
 //! [`Initializer`], [`Partitioner`], [`RestrictPolicy`] and [`Error`] are
 //! its vocabulary; a [`Registry`] names a model's variables with TF's
@@ -36,6 +37,7 @@ mod error;
 mod initializer;
 mod key;
 mod partitioner;
+#[doc(hidden)]
 pub mod raw;
 pub mod registry;
 pub mod restrict;
@@ -46,7 +48,7 @@ pub use error::{Error, Result};
 pub use initializer::Initializer;
 pub use key::Key;
 pub use partitioner::Partitioner;
-pub use raw::MAX_SLOTS;
+pub use raw::{MAX_DIM, MAX_SLOTS};
 pub use registry::{AnyVariable, Collection, Getter, Registry, Reuse, Scope, VariableRequest};
 pub use restrict::RestrictPolicy;
 pub use store::EmbeddingStore;

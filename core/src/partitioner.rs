@@ -5,7 +5,9 @@
 //! shard), the same on every build and platform. A [`Partitioner::Custom`]
 //! function receives the key's 64-bit pattern (signed keys sign-extended) and
 //! the shard count; a shard it returns outside `0..shards` makes the whole
-//! call fail with [`Error::UnknownShard`] before anything changes.
+//! call fail with [`Error::UnknownShard`] before anything changes. Zero
+//! shards is an [`Error::InvalidArgument`] (a variable always has at least
+//! one), and a custom function is not called with it.
 
 use crate::{Error, Key, Result};
 use std::sync::Arc;
@@ -33,9 +35,16 @@ impl std::fmt::Debug for Partitioner {
 }
 
 impl Partitioner {
-    /// The shard of `key` among `shards` (> 0).
+    /// The shard of `key` among `shards`: [`Error::UnknownShard`] if a custom
+    /// function returns one outside `0..shards`, [`Error::InvalidArgument`]
+    /// if `shards` is 0.
     #[inline]
     pub fn shard_of<K: Key>(&self, key: K, shards: usize) -> Result<usize> {
+        if shards == 0 {
+            return Err(Error::InvalidArgument(
+                "a key cannot be partitioned over 0 shards".into(),
+            ));
+        }
         let shard = match self {
             Partitioner::Modulo => key.floor_mod(shards),
             Partitioner::Custom(f) => f(key.to_bits(), shards),

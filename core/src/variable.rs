@@ -14,8 +14,20 @@
 //! - [`Variable::accum`] follows `bp_v2`'s truth table so concurrent workers
 //!   add their updates instead of overwriting each other;
 //! - inputs are checked up front: a length that does not match `keys.len() *
-//!   dim`, or a NaN/infinite value or delta, is an [`Error`] and changes
-//!   nothing.
+//!   dim`, a NaN/infinite value or delta, a bad shard from a custom
+//!   partitioner or a slot of another variable, is an [`Error`] and changes
+//!   nothing, output buffers included;
+//! - no row ever holds a NaN or an infinity (so every save can be
+//!   restored): a write whose result would not be finite (an `accum` that
+//!   overflows, an `update_rows` update that leaves one) is refused per row:
+//!   that row keeps its values and score, the batch's other rows are
+//!   written, and the call returns [`Error::NonFinite`] naming the first
+//!   refused key's position. Per row because a write locks one row at a
+//!   time; refusing a whole batch would need all its rows locked at once;
+//! - the other errors that can come after a batch has started writing are
+//!   [`Error::CapacityExceeded`] (a shard's row ids are exhausted) and
+//!   [`Error::OutOfMemory`] (a segment of rows cannot be allocated): the
+//!   keys before the failing one may have been written.
 //!
 //! Optimizer slots (Adam's `m` and `v`, Adagrad's accumulator, ...) are
 //! columns of the variable itself, not separate variables as in TFRA: a slot
@@ -131,7 +143,8 @@ pub struct VariableBuilder<K: Key> {
 }
 
 impl<K: Key> VariableBuilder<K> {
-    /// Values per row (default 1; 0 is an error at build).
+    /// Values per row (default 1; 0 or more than [`MAX_DIM`](crate::MAX_DIM)
+    /// is an error at build).
     pub fn dim(mut self, dim: usize) -> Self {
         self.dim = dim;
         self
@@ -157,7 +170,11 @@ impl<K: Key> VariableBuilder<K> {
     }
 
     /// Capacity hint in rows, split across shards: the tables do not grow
-    /// before holding about this many keys.
+    /// before holding about this many keys. Only their indexes are sized
+    /// ahead (about 20 bytes per row, as address space the system backs as
+    /// keys arrive); rows are allocated as keys arrive. More rows than a
+    /// shard can hold is [`Error::CapacityExceeded`] at build, an index
+    /// larger than the system will map [`Error::OutOfMemory`].
     pub fn init_size(mut self, rows: usize) -> Self {
         self.init_size = rows;
         self
@@ -294,6 +311,31 @@ fn batch_len(keys: usize, dim: usize) -> Result<usize> {
     })
 }
 
+/// The first row of a batch (by position in `keys`) that a write refused
+/// because its result was not finite: how [`Variable::update_rows`] and
+/// [`Variable::accum`] report their per-row refusals, whatever shard order
+/// the rows were written in.
+#[derive(Default)]
+struct Refused(Option<(usize, f32)>);
+
+impl Refused {
+    /// Records the refusal of the key at `position` with `value`.
+    fn note(&mut self, position: usize, value: f32) {
+        if self.0.is_none_or(|(first, _)| position < first) {
+            self.0 = Some((position, value));
+        }
+    }
+
+    /// `Ok` if nothing was refused, else [`Error::NonFinite`] naming the
+    /// first refused key's position.
+    fn into_result(self, what: &'static str) -> Result<()> {
+        match self.0 {
+            None => Ok(()),
+            Some((index, value)) => Err(Error::NonFinite { what, index, value }),
+        }
+    }
+}
+
 fn check_finite(what: &'static str, values: &[f32]) -> Result<()> {
     match first_non_finite(values) {
         None => Ok(()),
@@ -392,9 +434,19 @@ impl<K: Key> Variable<K> {
     fn each_shard(
         &self,
         keys: &[K],
+        op: impl FnMut(&Table, &[u64], Positions<'_>) -> Result<()>,
+    ) -> Result<()> {
+        self.each_share(self.split(keys)?, op)
+    }
+
+    /// [`Variable::each_shard`] of a batch already split (so that a caller
+    /// can fail on a bad shard before it writes anything).
+    fn each_share(
+        &self,
+        split: Split,
         mut op: impl FnMut(&Table, &[u64], Positions<'_>) -> Result<()>,
     ) -> Result<()> {
-        match self.split(keys)? {
+        match split {
             Split::One(bits) => op(&self.inner.shards[0], &bits, Positions::Dense),
             Split::Many(parts) => {
                 for (table, (bits, at)) in self.inner.shards.iter().zip(&parts) {
@@ -426,9 +478,10 @@ impl<K: Key> Variable<K> {
     ) -> Result<()> {
         check_len("out", batch_len(keys.len(), self.dim())?, out.len())?;
         check_len("exists", keys.len(), exists.len())?;
+        let split = self.split(keys)?;
         exists.fill(true);
         let init = &self.inner.initializer;
-        self.each_shard(keys, |table, bits, at| {
+        self.each_share(split, |table, bits, at| {
             table.lookup(bits, at, out, |i, key, row| {
                 exists[at.of(i)] = false;
                 init.fill(key, row);
@@ -459,13 +512,28 @@ impl<K: Key> Variable<K> {
     /// otherwise ignored (the key was removed, or inserted by another writer,
     /// since the caller looked it up). A key repeated in one batch adds every
     /// delta.
+    ///
+    /// A NaN or infinite delta is an [`Error::NonFinite`] (`what:
+    /// "deltas"`) before anything changes. A sum that overflows to infinity
+    /// (finite deltas, `3e38 + 3e38`) is refused per row, exactly as
+    /// [`Variable::update_rows`] refuses a non-finite result: that row is not
+    /// written (it keeps its values and its score; a key the batch itself
+    /// inserted keeps the row it was inserted with), the other rows of the
+    /// batch are written, and the call returns [`Error::NonFinite`] (`what:
+    /// "accum result"`) whose `index` is the first such key's position in
+    /// `keys` and whose `value` is the overflowed sum. Per row, not per
+    /// batch: refusing the whole batch would need every row of the batch
+    /// locked at once (or undo records), where a write locks one row at a
+    /// time; so a failed call may have applied the other keys' deltas.
     pub fn accum(&self, keys: &[K], deltas: &[f32], exists: &[bool]) -> Result<()> {
         check_len("deltas", batch_len(keys.len(), self.dim())?, deltas.len())?;
         check_len("exists", keys.len(), exists.len())?;
         check_finite("deltas", deltas)?;
+        let mut refused = Refused::default();
         self.each_shard(keys, |table, bits, at| {
-            table.accum(bits, at, deltas, exists)
-        })
+            table.accum(bits, at, deltas, exists, |pos, sum| refused.note(pos, sum))
+        })?;
+        refused.into_result("accum result")
     }
 
     /// Removes `keys`; absent keys are ignored.
@@ -692,12 +760,21 @@ impl<K: Key> Variable<K> {
         slots: &[SlotId],
         mut update: impl FnMut(usize, &mut [f32], &mut [f32]),
     ) -> Result<()> {
+        let mut seen = [false; crate::MAX_SLOTS];
         for &slot in slots {
             self.check_slot(slot)?;
+            // Checked here, not only by each shard's table: an empty batch
+            // (or share) is refused too, whatever the shard count.
+            if std::mem::replace(&mut seen[slot.index], true) {
+                return Err(Error::InvalidArgument(format!(
+                    "slot {} is given more than once",
+                    slot.index
+                )));
+            }
         }
         let slot_indexes: Vec<usize> = slots.iter().map(|s| s.index).collect();
         let init = &self.inner.initializer;
-        let mut non_finite: Option<(usize, f32)> = None;
+        let mut refused = Refused::default();
         self.each_shard(keys, |table, bits, at| {
             table.update_rows(
                 bits,
@@ -710,22 +787,13 @@ impl<K: Key> Variable<K> {
                         .map(|j| values[j])
                         .or_else(|| first_non_finite(slot_rows).map(|j| slot_rows[j]));
                     if let Some(value) = bad {
-                        if non_finite.is_none_or(|(first, _)| i < first) {
-                            non_finite = Some((i, value));
-                        }
+                        refused.note(i, value);
                     }
                     bad.is_none()
                 },
             )
         })?;
-        match non_finite {
-            None => Ok(()),
-            Some((index, value)) => Err(Error::NonFinite {
-                what: "update_rows result",
-                index,
-                value,
-            }),
-        }
+        refused.into_result("update_rows result")
     }
 
     /// TFRA's `restrict`: if the variable holds more than `trigger` rows,
@@ -817,7 +885,17 @@ impl<K: Key> Variable<K> {
         })
     }
 
-    /// Bytes held by the variable's indexes and rows.
+    /// Bytes of memory in use by the variable's tables: the rows handed out
+    /// (values, row headers, scores and slot rows; the rows of removed keys
+    /// stay allocated for reuse and count) and the indexes, counted as the
+    /// memory the system backs them with, not the address space reserved
+    /// ahead. So a variable built with a large
+    /// [`init_size`](VariableBuilder::init_size) that holds few keys reports
+    /// what those keys occupy: at most one 2 MiB page per key in each of its
+    /// index's two arrays (their pages are backed as keys are written into
+    /// them), plus their rows. An upper bound of the resident memory, exact
+    /// for rows; see [`Table::memory_bytes`] for the details. Not counted:
+    /// the variable's own small structures and a retired index not yet freed.
     pub fn memory_bytes(&self) -> usize {
         self.inner.shards.iter().map(Table::memory_bytes).sum()
     }

@@ -149,9 +149,27 @@ impl Index {
         self.group_mask + 1
     }
 
-    /// Bytes held by the index arrays.
+    /// Bytes of the index arrays in use: in full once they are filled, but a
+    /// large (lazily mapped) array counts at most one 2 MiB page per slot
+    /// ever reserved in it, since only claiming a slot writes to the arrays
+    /// (probes only read, and a page never written takes no memory). So an
+    /// index sized ahead of its keys (a capacity hint) counts what its keys
+    /// occupy, not the address space reserved for the rest. A migration
+    /// writes every tag of the index it empties, which is then retired.
     pub(crate) fn memory_bytes(&self) -> usize {
-        std::mem::size_of_val(&*self.tags) + std::mem::size_of_val(&*self.slots)
+        let reserved = self.used.load(Ordering::Relaxed) & !CLOSED;
+        self.tags.bytes_in_use(reserved) + self.slots.bytes_in_use(reserved)
+    }
+
+    /// Bytes of the arrays of an index of `capacity` slots (saturating).
+    pub(crate) fn bytes_for_capacity(capacity: usize) -> usize {
+        let groups = capacity
+            .max(MIN_CAPACITY)
+            .div_ceil(GROUP)
+            .checked_next_power_of_two()
+            .unwrap_or(usize::MAX);
+        let per_group = std::mem::size_of::<[AtomicU64; 2]>() + GROUP * std::mem::size_of::<Slot>();
+        groups.saturating_mul(per_group)
     }
 
     /// Reservations stop past this many used slots: the most keys the index

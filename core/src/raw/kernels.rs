@@ -34,7 +34,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use wide::f32x8;
+use std::mem::MaybeUninit;
+use wide::{f32x8, i32x8, CmpEq};
 
 /// Floats per SIMD block.
 const LANES: usize = 8;
@@ -236,6 +237,113 @@ pub fn axpy_row(row: &[AtomicU64], a: f32, x: &[f32]) {
         let av = f32x8::splat(a);
         update_row(row, x, |r, x| r + x * av, |r, x| r + x * a);
     }
+}
+
+/// The first non-finite element of `row + x`, computed as [`axpy_row`]
+/// with `a == 1.0` computes it, without writing anything: `None` when every
+/// sum is finite.
+#[inline(always)]
+fn first_non_finite_sum(row: &[AtomicU64], x: &[f32]) -> Option<f32> {
+    let (blocks, word_tail, n) = split_row(row, x.len());
+    let xs = x[..n].chunks_exact(LANES);
+    let x_tail = xs.remainder();
+    let mut bad = i32x8::splat(0);
+    for (w, x8) in blocks.chunks_exact(BLOCK_WORDS).zip(xs) {
+        bad |= non_finite_lanes(load_block(w) + lanes(x8));
+    }
+    let mut tail_bad = false;
+    for (w, x2) in word_tail.iter().zip(x_tail.chunks(2)) {
+        let (lo, hi) = unpack(w.load(Relaxed));
+        let hi = x2.get(1).map_or(0.0, |&xh| hi + xh);
+        tail_bad |= !(lo + x2[0]).is_finite() | !hi.is_finite();
+    }
+    if bad.any() || tail_bad {
+        locate_non_finite_sum(row, x)
+    } else {
+        None
+    }
+}
+
+/// The slow path of [`first_non_finite_sum`]: which sum it is.
+#[cold]
+#[inline(never)]
+fn locate_non_finite_sum(row: &[AtomicU64], x: &[f32]) -> Option<f32> {
+    let (_, _, n) = split_row(row, x.len());
+    row.iter()
+        .zip(x[..n].chunks(2))
+        .flat_map(|(w, x2)| {
+            let (lo, hi) = unpack(w.load(Relaxed));
+            [Some(lo + x2[0]), x2.get(1).map(|&xh| hi + xh)]
+        })
+        .flatten()
+        .find(|s| !s.is_finite())
+}
+
+/// Most blocks [`add_row_if_finite`] computes in one pass (rows of up to
+/// 256 values); wider rows take two passes.
+const STAGED_BLOCKS: usize = 32;
+
+/// The lanes of `v` that are infinite or NaN (exponent bits all ones), as
+/// all-ones lanes: three integer operations, no floating-point latency.
+#[inline(always)]
+fn non_finite_lanes(v: f32x8) -> i32x8 {
+    let exponent = i32x8::splat(0x7f80_0000);
+    (bytemuck::cast::<f32x8, i32x8>(v) & exponent).cmp_eq(exponent)
+}
+
+/// `row += x` if every sum is finite; otherwise the row is left exactly as
+/// it was and the first non-finite sum is returned (the overflow of two
+/// finite numbers is infinite). Rows of up to 256 values are read once:
+/// the sums are kept aside while they are checked, then stored; wider rows
+/// are read twice (checked, then added as [`axpy_row`] adds).
+///
+/// `x.len()` is the row's `dim` and `row.len()` must be `words_for_dim(dim)`.
+/// The caller must hold the row's write lock.
+#[inline(always)]
+pub fn add_row_if_finite(row: &[AtomicU64], x: &[f32]) -> Result<(), f32> {
+    let (blocks, word_tail, n) = split_row(row, x.len());
+    let block_count = blocks.len() / BLOCK_WORDS;
+    if block_count > STAGED_BLOCKS {
+        return match first_non_finite_sum(row, x) {
+            None => {
+                axpy_row(row, 1.0, x);
+                Ok(())
+            }
+            Some(bad) => Err(bad),
+        };
+    }
+    let xs = x[..n].chunks_exact(LANES);
+    let x_tail = xs.remainder();
+    let mut bad = i32x8::splat(0);
+    let mut sums = [MaybeUninit::<f32x8>::uninit(); STAGED_BLOCKS];
+    for ((w, x8), sum) in blocks.chunks_exact(BLOCK_WORDS).zip(xs).zip(&mut sums) {
+        let s = load_block(w) + lanes(x8);
+        bad |= non_finite_lanes(s);
+        sum.write(s);
+    }
+    let mut tail = [0u64; BLOCK_WORDS];
+    let mut tail_bad = false;
+    for ((w, x2), word) in word_tail.iter().zip(x_tail.chunks(2)).zip(&mut tail) {
+        let (lo, hi) = unpack(w.load(Relaxed));
+        let lo = lo + x2[0];
+        let hi = x2.get(1).map_or(0.0, |&xh| hi + xh);
+        tail_bad |= !lo.is_finite() | !hi.is_finite();
+        *word = pack(lo, hi);
+    }
+    if bad.any() || tail_bad {
+        return Err(locate_non_finite_sum(row, x).unwrap_or(f32::NAN));
+    }
+    for (w, sum) in blocks.chunks_exact(BLOCK_WORDS).zip(&sums[..block_count]) {
+        // SAFETY: the first loop wrote `sums[i]` for every block `i` of
+        // `blocks`: `split_row` gives `blocks` exactly `n / LANES` blocks and
+        // `xs` as many chunks, and `block_count <= STAGED_BLOCKS` (checked
+        // above), so its zip stopped at the last block, not at `sums`' end.
+        store_block(w, unsafe { sum.assume_init() });
+    }
+    for (w, &word) in word_tail.iter().zip(&tail) {
+        w.store(word, Relaxed);
+    }
+    Ok(())
 }
 
 /// Slice update driver: `dst[i] = f(dst[i], x[i])`, with `vf` the same
@@ -474,6 +582,46 @@ mod tests {
                         "padding dim {dim}"
                     );
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn add_row_if_finite_adds_or_leaves_the_row_untouched() {
+        // Up to 256 values in one pass, wider rows in two.
+        for dim in DIMS.into_iter().chain([257, 264, 1001]) {
+            let base = ints(dim, 3);
+            let x = ints(dim, 11);
+            let row = garbage_row(dim);
+            store_row(&row, &base);
+            assert_eq!(add_row_if_finite(&row, &x), Ok(()), "dim {dim}");
+            let want: Vec<f32> = base.iter().zip(&x).map(|(r, x)| r + x).collect();
+            assert_eq!(load(&row, dim), want, "dim {dim}");
+            // One element overflows (in a block or in the tail): nothing is
+            // written, and the overflowed sum is reported.
+            for at in [0, dim / 2, dim - 1] {
+                let mut big = want.clone();
+                big[at] = 3e38;
+                store_row(&row, &big);
+                let before: Vec<u64> = row.iter().map(|w| w.load(Relaxed)).collect();
+                let mut x = ints(dim, 5);
+                x[at] = 3e38;
+                assert_eq!(
+                    add_row_if_finite(&row, &x),
+                    Err(f32::INFINITY),
+                    "dim {dim} at {at}"
+                );
+                let after: Vec<u64> = row.iter().map(|w| w.load(Relaxed)).collect();
+                assert_eq!(before, after, "dim {dim} at {at}: the row changed");
+                x[at] = -3e38;
+                big[at] = -3e38;
+                store_row(&row, &big);
+                assert_eq!(
+                    add_row_if_finite(&row, &x),
+                    Err(f32::NEG_INFINITY),
+                    "dim {dim}"
+                );
+                assert_eq!(load(&row, dim), big, "dim {dim} at {at}: the row changed");
             }
         }
     }

@@ -1,6 +1,20 @@
 //! The lock-free table underneath [`Variable`](crate::Variable): the only
 //! module of the crate with `unsafe`.
 //!
+//! **Not API.** This module is public, and hidden from the documentation,
+//! only so that the workspace's benchmarks (`dynemb-benches`: the row
+//! [`kernels`], the group [`probe`], [`zeroed_words`], [`release_free_heap`])
+//! and the crate's own integration tests ([`Table`]) can reach it. It makes
+//! no stability promise and may change or become private at any time; use
+//! [`Variable`](crate::Variable). Its safe functions are sound: no input can
+//! cause undefined behaviour. But unlike the public API they do not turn
+//! every misuse into an [`Error`](crate::Error): [`Positions::of`] panics
+//! past its slice, the kernels `debug_assert!` matching lengths (and
+//! otherwise use the common prefix), and [`zeroed_words`] and a table's
+//! growth abort when memory runs out, as a `Vec` does. (A table's
+//! constructor, its row segments and [`Table::reserve`] do not: they
+//! return an error or do nothing.)
+//!
 //! - `tags`: slot states and SIMD matching of a group's 16 tags;
 //! - `index`: the open-addressing index protocol (find, insert, remove,
 //!   migrate one group) over atomics that loom can model;

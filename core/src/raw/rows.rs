@@ -47,7 +47,7 @@
 use super::kernels::{
     load_row, load_row_xor, prefetch_span, store_row, store_row_xor, words_for_dim, xor_mask,
 };
-use super::zeroed::{zeroed_slice, ZeroedSlice};
+use super::zeroed::{try_zeroed_slice, ZeroedSlice};
 use crossbeam_epoch::Guard;
 use crossbeam_queue::SegQueue;
 use crossbeam_utils::Backoff;
@@ -81,6 +81,8 @@ const VERSION_STEP: u64 = 4;
 pub(crate) struct Column {
     words_per_row: usize,
     segments: [OnceLock<ZeroedSlice<AtomicU64>>; SEGMENTS],
+    /// Serializes allocating segments (one thread allocates, others wait).
+    allocating: Mutex<()>,
 }
 
 impl Column {
@@ -88,6 +90,7 @@ impl Column {
         Column {
             words_per_row: words_per_row.max(1),
             segments: std::array::from_fn(|_| OnceLock::new()),
+            allocating: Mutex::new(()),
         }
     }
 
@@ -100,13 +103,43 @@ impl Column {
         (segment, offset as usize)
     }
 
-    /// Makes sure the segment holding `row` is allocated.
+    /// Makes sure the segment holding `row` is allocated. Running out of
+    /// memory aborts, as for `Vec`: the write paths that call this hold a
+    /// row lock, and their segment is normally allocated already by
+    /// [`Column::try_ensure`] when the row id was handed out.
     pub(crate) fn ensure(&self, row: u64) {
+        if self.try_ensure(row).is_err() {
+            let (segment, _) = Self::locate(row);
+            let words = self.segment_words(segment).unwrap_or(usize::MAX / 8);
+            let layout = std::alloc::Layout::array::<AtomicU64>(words)
+                .unwrap_or(std::alloc::Layout::new::<AtomicU64>());
+            std::alloc::handle_alloc_error(layout)
+        }
+    }
+
+    /// Words in segment `segment`, if that fits in a `usize`.
+    fn segment_words(&self, segment: usize) -> Option<usize> {
+        (1usize << (segment as u32 + FIRST_SEGMENT_SHIFT)).checked_mul(self.words_per_row)
+    }
+
+    /// Makes sure the segment holding `row` is allocated, or says how many
+    /// bytes could not be had.
+    pub(crate) fn try_ensure(&self, row: u64) -> Result<(), usize> {
         let (segment, _) = Self::locate(row);
-        self.segments[segment].get_or_init(|| {
-            let rows = 1usize << (segment as u32 + FIRST_SEGMENT_SHIFT);
-            zeroed_slice(rows * self.words_per_row, 64)
-        });
+        if self.segments[segment].get().is_some() {
+            return Ok(());
+        }
+        let _allocating = self
+            .allocating
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if self.segments[segment].get().is_some() {
+            return Ok(());
+        }
+        let words = self.segment_words(segment).ok_or(usize::MAX)?;
+        let array = try_zeroed_slice(words, 64).ok_or(words.saturating_mul(8))?;
+        let _ = self.segments[segment].set(array);
+        Ok(())
     }
 
     /// The words of `row`, or `None` if its segment is not allocated yet (a
@@ -347,7 +380,13 @@ impl RowStore {
     }
 
     /// A row id for a new key (from the cache, refilled from the free pool or
-    /// the fresh range).
+    /// the fresh range). Past [`MAX_ROWS`] it is
+    /// [`Error::CapacityExceeded`](crate::Error::CapacityExceeded); if the
+    /// segment of a fresh range cannot be allocated (the main column's, or
+    /// that of a slot column the store has), it is
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) and the range is
+    /// given back if no other thread took a range since (else its ids are
+    /// never used).
     pub(crate) fn take(&self, cache: &mut RowCache) -> crate::Result<u64> {
         if let Some(id) = cache.ids.pop() {
             return Ok(id);
@@ -359,8 +398,24 @@ impl RowStore {
             if start + FRESH_BATCH > MAX_ROWS {
                 return Err(crate::Error::CapacityExceeded { max_rows: MAX_ROWS });
             }
-            self.main.ensure(start);
-            self.main.ensure(start + FRESH_BATCH - 1);
+            // Fresh ranges never straddle a segment (segments start at
+            // multiples of 1024, ranges at multiples of FRESH_BATCH), so the
+            // first row's segment is the range's.
+            let slot_columns = (0..self.slot_count()).map(|slot| &self.slot(slot).column);
+            for column in std::iter::once(&self.main).chain(slot_columns) {
+                if let Err(bytes) = column.try_ensure(start) {
+                    let _ = self.high_water.compare_exchange(
+                        start + FRESH_BATCH,
+                        start,
+                        Ordering::AcqRel,
+                        Ordering::Relaxed,
+                    );
+                    return Err(crate::Error::OutOfMemory {
+                        what: "rows",
+                        bytes,
+                    });
+                }
+            }
             cache.ids.extend((start..start + FRESH_BATCH).rev());
         }
         cache
@@ -442,6 +497,7 @@ impl RowStore {
     /// row when `live` is `None`. Bodies run only kernels that do not panic,
     /// and user code (`update_with_slots`) before their first write; a panic
     /// anyway releases the row with a new version (see [`RowLock`]).
+    #[inline]
     fn locked(
         &self,
         row: u64,
@@ -513,18 +569,23 @@ impl RowStore {
         self.locked(row, Some(false), Score::Keep, |_| true);
     }
 
-    /// Updates a live row's values under its lock and sets its score.
-    /// Returns false, changing nothing, if the row is dead: its key was
-    /// removed after the caller found the row (the caller then looks the key
-    /// up again; while it is pinned the dead row cannot be reused for another
-    /// key).
+    /// Read-modify-write of a live row's values under its lock:
+    /// `update(values)` returns whether it wrote them, and if it did the
+    /// row's score is set. If it did not (an accumulation whose result would
+    /// not be finite), it must have written nothing: the row is released
+    /// unchanged, score and version included. Returns `None` if the row is
+    /// dead: its key was removed after the caller found the row (the caller
+    /// then looks the key up again; while it is pinned the dead row cannot be
+    /// reused for another key); else whether it was written.
     #[must_use]
-    pub(crate) fn update(&self, row: u64, score: Score, update: impl FnOnce(&[AtomicU64])) -> bool {
-        self.locked(row, None, score, |words| {
-            update(&words[self.values_at..]);
-            true
-        })
-        .is_some()
+    #[inline]
+    pub(crate) fn update(
+        &self,
+        row: u64,
+        score: Score,
+        update: impl FnOnce(&[AtomicU64]) -> bool,
+    ) -> Option<bool> {
+        self.locked(row, None, score, |words| update(&words[self.values_at..]))
     }
 
     /// Overwrites a live row's values and the given slots (`(slot, row)`
@@ -705,22 +766,56 @@ mod tests {
             assert_eq!(store.read_live(id, &mut out, &mut []), Some((id * 10, 0)));
             assert_eq!(out, [id as f32, 1.0, -(id as f32)]);
         }
-        assert!(store.update(ids[5], Score::Keep, |words| axpy_row(
-            words,
-            2.0,
-            &[1.0, 1.0, 1.0]
-        )));
+        let add = |words: &[AtomicU64]| {
+            axpy_row(words, 2.0, &[1.0, 1.0, 1.0]);
+            true
+        };
+        assert_eq!(store.update(ids[5], Score::Keep, add), Some(true));
         store.read(ids[5], &mut out);
         assert_eq!(out, [ids[5] as f32 + 2.0, 3.0, -(ids[5] as f32) + 2.0]);
         store.mark_dead(ids[5]);
         assert_eq!(store.read_live(ids[5], &mut out, &mut []), None);
-        assert!(
-            !store.update(ids[5], Score::Keep, |words| store_row(words, &[9.0; 3])),
+        let nine = |words: &[AtomicU64]| {
+            store_row(words, &[9.0; 3]);
+            true
+        };
+        assert_eq!(
+            store.update(ids[5], Score::Keep, nine),
+            None,
             "a dead row is not written"
         );
         store.read(ids[5], &mut out);
         assert_eq!(out, [ids[5] as f32 + 2.0, 3.0, -(ids[5] as f32) + 2.0]);
         assert!(store.memory_bytes() >= 3000 * (2 + 2) * 8);
+        store.release(cache);
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "asks the allocator for 2^62 bytes")]
+    fn a_segment_that_cannot_be_allocated_is_an_error_not_an_abort() {
+        // Rows of 2^30 values: segment 20 (2^30 rows) would be 2^62 bytes,
+        // more than any address space.
+        let store = RowStore::new(1 << 30, false);
+        let start = (1u64 << 30) - (1 << FIRST_SEGMENT_SHIFT);
+        assert_eq!(Column::locate(start), (20, 0));
+        store.high_water.store(start, Ordering::Relaxed);
+        let mut cache = RowCache::default();
+        match store.take(&mut cache) {
+            Err(crate::Error::OutOfMemory {
+                what: "rows",
+                bytes,
+            }) => {
+                assert_eq!(bytes, (1 << 30) * ((1 << 29) + 2) * 8)
+            }
+            other => panic!("expected OutOfMemory, got {other:?}"),
+        }
+        assert_eq!(store.high_water(), start, "the range is given back");
+        assert!(cache.ids.is_empty());
+        // A slot column's segment is allocated with the main column's.
+        let store = RowStore::new(2, false);
+        store.add_slot(0.5).unwrap();
+        let row = store.take(&mut cache).unwrap();
+        assert!(store.slot(0).column.try_row(row).is_some());
         store.release(cache);
     }
 
@@ -771,7 +866,11 @@ mod tests {
         std::thread::scope(|s| {
             s.spawn(|| {
                 for i in 0..if cfg!(miri) { 50 } else { 2000 } {
-                    assert!(store.update(row, Score::Keep, |w| store_row(w, &[i as f32; 33])));
+                    let fill = |w: &[AtomicU64]| {
+                        store_row(w, &[i as f32; 33]);
+                        true
+                    };
+                    assert_eq!(store.update(row, Score::Keep, fill), Some(true));
                 }
             });
             s.spawn(|| {
@@ -851,16 +950,21 @@ mod tests {
         let row = store.take(&mut cache).unwrap();
         store.write_new(row, 5, &[1.0, 2.0], &[], Score::Count);
         assert_eq!(store.score(row), 1);
-        assert!(store.update(row, Score::Count, |_| {}));
+        assert_eq!(store.update(row, Score::Count, |_| true), Some(true));
         assert!(store.overwrite(row, &[3.0, 4.0], &[], Score::Count));
         assert_eq!(store.score(row), 3);
-        assert!(store.update(row, Score::Keep, |_| {}));
+        assert_eq!(store.update(row, Score::Keep, |_| true), Some(true));
         assert_eq!(store.score(row), 3);
-        assert!(store.update(row, Score::Stamp(50), |_| {}));
+        assert_eq!(store.update(row, Score::Stamp(50), |_| true), Some(true));
         assert_eq!(store.score(row), 50);
-        assert!(store.update(row, Score::Stamp(40), |_| {}));
+        assert_eq!(store.update(row, Score::Stamp(40), |_| true), Some(true));
         assert_eq!(store.score(row), 50, "an earlier stamp never moves it back");
-        assert!(store.update(row, Score::Set(99), |_| {}));
+        assert_eq!(store.update(row, Score::Set(99), |_| true), Some(true));
+        assert_eq!(
+            store.update(row, Score::Set(7), |_| false),
+            Some(false),
+            "a refused update keeps the score"
+        );
         let mut out = [0.0; 2];
         assert_eq!(store.read_live(row, &mut out, &mut []), Some((5, 99)));
         assert_eq!(out, [3.0, 4.0], "the score word does not shift the values");
@@ -889,7 +993,11 @@ mod tests {
         let mut out = [0.0; 2];
         store.read(row, &mut out);
         assert_eq!(out, [1.0, 2.0]);
-        assert!(store.update(row, Score::Keep, |w| store_row(w, &[3.0, 3.0])));
+        let three = |w: &[AtomicU64]| {
+            store_row(w, &[3.0, 3.0]);
+            true
+        };
+        assert_eq!(store.update(row, Score::Keep, three), Some(true));
         store.release(cache);
     }
 

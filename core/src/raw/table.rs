@@ -18,7 +18,7 @@
 
 use super::epoch::Epoch;
 use super::index::{FirstGroup, Index, Insert, Remove, MIN_CAPACITY};
-use super::kernels::{axpy_row, prefetch_span};
+use super::kernels::{add_row_if_finite, prefetch_span};
 use super::pipeline::Access;
 use super::rows::{RowCache, RowStore, Score, MAX_ROWS, MAX_SLOTS};
 use super::sync::Spin;
@@ -26,9 +26,9 @@ use crate::restrict::next_timestamp;
 use crate::{Error, RestrictPolicy, Result};
 use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
-/// Largest row width a table accepts.
+/// Largest row width (`dim`) a table, and so a variable, accepts.
 pub const MAX_DIM: usize = 1 << 20;
 
 /// How many groups ahead a migrator prefetches its keys' new tag groups.
@@ -235,7 +235,7 @@ impl<'t, 'g> Writer<'t, 'g> {
                 }
                 Insert::Migrating => self.catch_up(),
                 Insert::Full => {
-                    self.table.grow(self.index, 0);
+                    self.table.grow(self.index, None);
                     self.catch_up();
                 }
             }
@@ -292,10 +292,9 @@ impl Table {
             return Err(Error::CapacityExceeded { max_rows: MAX_ROWS });
         }
         let slots = capacity.saturating_add(capacity / 7).max(MIN_CAPACITY);
-        let index = Index::try_with_capacity(slots).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "cannot allocate an index for a capacity of {capacity} rows"
-            ))
+        let index = Index::try_with_capacity(slots).ok_or_else(|| Error::OutOfMemory {
+            what: "index",
+            bytes: Index::bytes_for_capacity(slots),
         })?;
         Ok(Table {
             index: Atomic::new(index),
@@ -386,7 +385,15 @@ impl Table {
         self.current(&guard).capacity()
     }
 
-    /// Bytes held by the index (including one being migrated into) and rows.
+    /// Bytes of memory in use by the table (an upper bound, exact when no
+    /// batch is in flight and the index is filled): the rows handed out so
+    /// far (their values, headers and scores, and their rows of every slot
+    /// column whose segment exists; rows of removed keys stay allocated for
+    /// reuse and count), and the index arrays (with the one being migrated
+    /// into), each in full once filled but, when large and lazily mapped,
+    /// at most one 2 MiB page per slot reserved in it. Address space
+    /// reserved ahead and never written (a capacity hint's index, the
+    /// untouched tail of a row segment) does not count.
     pub fn memory_bytes(&self) -> usize {
         let guard = self.epoch.pin();
         let current = self.current(&guard);
@@ -437,19 +444,20 @@ impl Table {
     }
 
     /// Starts a migration out of `old` (if none has started) into an index
-    /// sized for twice its live keys, or for `min_keys` keys if that is more.
-    fn grow(&self, old: Shared<'_, Index>, min_keys: usize) {
+    /// sized for twice its live keys, or into `prepared` if that is at least
+    /// as large (a [`Table::reserve`]). Running out of memory for the new
+    /// index aborts, as growing a `Vec` does: threads wait for it once the
+    /// old index is closed.
+    fn grow(&self, old: Shared<'_, Index>, prepared: Option<Index>) {
         // SAFETY: loaded under a guard the caller holds (see `Writer::index`).
         let old = unsafe { old.deref() };
         if let Some(live_bound) = old.close() {
-            let capacity = live_bound
-                .saturating_mul(2)
-                .max(min_keys.saturating_add(min_keys / 7))
-                .max(MIN_CAPACITY);
-            old.next.store(
-                Owned::new(Index::with_capacity(capacity)),
-                Ordering::Release,
-            );
+            let needed = live_bound.saturating_mul(2).max(MIN_CAPACITY);
+            let next = match prepared {
+                Some(next) if next.capacity() >= needed => next,
+                _ => Index::with_capacity(needed),
+            };
+            old.next.store(Owned::new(next), Ordering::Release);
         }
     }
 
@@ -513,16 +521,23 @@ impl Table {
     /// Makes room for `additional` more keys, so that inserting them does
     /// not resize the index again and again (one migration now instead of
     /// several as the keys arrive). Other threads keep working meanwhile.
+    /// A hint: room for more than a table can hold (`MAX_ROWS`) is not
+    /// made, and if the memory for the larger index cannot be had nothing
+    /// happens (the index grows as keys arrive).
     pub fn reserve(&self, additional: usize) {
         let guard = self.epoch.pin();
         let index = self.index.load(Ordering::Acquire, &guard);
         // SAFETY: loaded under `guard` (see `Writer::index`).
         let current = unsafe { index.deref() };
-        let needed = self.len().saturating_add(additional);
+        let max_rows = usize::try_from(MAX_ROWS).unwrap_or(usize::MAX);
+        let needed = self.len().saturating_add(additional).min(max_rows);
         if needed <= current.threshold() {
             return;
         }
-        self.grow(index, needed);
+        let Some(prepared) = Index::try_with_capacity(needed.saturating_add(needed / 7)) else {
+            return;
+        };
+        self.grow(index, Some(prepared));
         self.help_migrate(index, &guard);
     }
 
@@ -608,13 +623,21 @@ impl Table {
     /// key gets `row += delta`, an absent one is ignored; without it, an absent
     /// key is inserted with `delta` as its row and a present one is ignored —
     /// unless this same batch inserted it, in which case the delta is added
-    /// (every delta of a key repeated in one batch counts).
+    /// whatever its `exists` flag (every delta of a key repeated in one batch
+    /// counts, however far apart the occurrences are).
+    ///
+    /// Every delta must be finite (the caller checks). An addition whose sum
+    /// would not be finite (it overflows) is refused row by row, as
+    /// [`Table::update_rows`] refuses a non-finite result: that row keeps its
+    /// values and score, `refused(pos, sum)` is told its position and the
+    /// first overflowing sum, and the other keys of the batch are processed.
     pub fn accum(
         &self,
         keys: &[u64],
         positions: Positions<'_>,
         deltas: &[f32],
         exists: &[bool],
+        mut refused: impl FnMut(usize, f32),
     ) -> Result<()> {
         let dim = self.dim();
         let rows = rows_in(deltas.len(), dim, "deltas", keys.len())?;
@@ -633,31 +656,46 @@ impl Table {
         self.write_batch(keys, |writer, i, key, hash, found| {
             let p = positions.of(i);
             let delta = &deltas[p * dim..(p + 1) * dim];
+            let mut overflow = None;
+            let mut add = |words: &[AtomicU64]| match add_row_if_finite(words, delta) {
+                Ok(()) => true,
+                Err(sum) => {
+                    overflow = Some(sum);
+                    false
+                }
+            };
             if exists[p] {
-                // Absent when the pipeline looked: ignored. Removed since:
-                // look again (it may be back under a new row).
+                // Absent when the pipeline looked: ignored, unless this batch
+                // inserted it since (the pipeline looks a few keys ahead).
+                // Removed since: look again (it may be back under a new row).
                 let mut row = found;
-                while row != MISSING
-                    && !self
-                        .rows
-                        .update(row, score, |words| axpy_row(words, 1.0, delta))
-                {
+                if row == MISSING {
+                    if let Some(&inserted) = inserted_here.get(&key) {
+                        // If the row died (removed meanwhile), the delta goes with it.
+                        let _ = self.rows.update(inserted, score, &mut add);
+                    }
+                }
+                while row != MISSING {
+                    if self.rows.update(row, score, &mut add).is_some() {
+                        break;
+                    }
                     row = self
                         .find(writer.index(), key, hash, writer.guard)
                         .unwrap_or(MISSING);
                 }
-                return Ok(());
+            } else {
+                let (row, inserted) = writer.find_or_insert(key, hash, |row| {
+                    self.rows.write_new(row, key, delta, &[], score);
+                })?;
+                if inserted {
+                    inserted_here.insert(key, row);
+                } else if inserted_here.get(&key) == Some(&row) {
+                    // If the row died (removed meanwhile), the delta goes with it.
+                    let _ = self.rows.update(row, score, &mut add);
+                }
             }
-            let (row, inserted) = writer.find_or_insert(key, hash, |row| {
-                self.rows.write_new(row, key, delta, &[], score);
-            })?;
-            if inserted {
-                inserted_here.insert(key, row);
-            } else if inserted_here.get(&key) == Some(&row) {
-                // If the row died (removed meanwhile), the delta goes with it.
-                let _ = self
-                    .rows
-                    .update(row, score, |words| axpy_row(words, 1.0, delta));
+            if let Some(sum) = overflow {
+                refused(p, sum);
             }
             Ok(())
         })
@@ -950,12 +988,18 @@ impl Table {
         let slot_count = if columns.slots { self.slot_count() } else { 0 };
         let _guard = self.epoch.pin();
         let end = self.rows.high_water();
-        let capacity = max_rows.min(1 << 16);
+        // Room for the rows there can be, up to 65,536 rows or 16 MiB of
+        // values per column up front (beyond, the vectors grow as needed):
+        // never a wide table's 65,536 rows of megabytes before the first.
+        let capacity = max_rows
+            .min(1 << 16)
+            .min(usize::try_from(end.saturating_sub(start)).unwrap_or(usize::MAX));
+        let column_capacity = capacity.saturating_mul(dim).min(1 << 22);
         let mut rows = ExportedRows {
             keys: Vec::with_capacity(capacity),
-            values: Vec::with_capacity(if columns.values { capacity * dim } else { 0 }),
+            values: Vec::with_capacity(if columns.values { column_capacity } else { 0 }),
             slots: (0..slot_count)
-                .map(|_| Vec::with_capacity(capacity * dim))
+                .map(|_| Vec::with_capacity(column_capacity))
                 .collect(),
             scores: Vec::with_capacity(if columns.scores { capacity } else { 0 }),
             next: start,
@@ -1042,6 +1086,53 @@ mod tests {
         assert_eq!(out, [1.0, 1.0, 2.0, 2.0]);
         table.reserve(5);
         assert_eq!(table.capacity(), capacity, "enough room: no change");
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "asks the allocator for hundreds of GiB")]
+    fn reserving_more_than_memory_or_max_rows_is_not_an_abort() {
+        let table = Table::new(2, 0).unwrap();
+        table.upsert(&[1, 2], Positions::Dense, &[1.0; 4]).unwrap();
+        let capacity = table.capacity();
+        table.reserve(usize::MAX);
+        table.reserve(usize::MAX - table.len());
+        // Either the system lent the address space, or nothing happened.
+        assert!(table.capacity() == capacity || table.capacity() as u64 > MAX_ROWS);
+        table.upsert(&[3], Positions::Dense, &[2.0; 2]).unwrap();
+        assert_eq!(table.len(), 3);
+        let mut out = [0.0; 6];
+        table
+            .lookup(&[1, 2, 3], Positions::Dense, &mut out, |_, _, _| {
+                unreachable!("present")
+            })
+            .unwrap();
+        assert_eq!(out, [1.0, 1.0, 1.0, 1.0, 2.0, 2.0]);
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "a 68 MiB index")]
+    fn memory_bytes_counts_the_index_pages_in_use() {
+        // An index sized ahead for 4Mi keys: 64 MiB of slots, 4 MiB of tags,
+        // both lazily mapped.
+        let table = Table::new(2, 4 << 20).unwrap();
+        let reserved = Index::bytes_for_capacity(table.capacity());
+        assert!(reserved >= 64 << 20);
+        let empty = table.memory_bytes();
+        assert_eq!(empty, 0, "nothing written yet");
+        table
+            .upsert(&[1, 2, 3], Positions::Dense, &[1.0; 6])
+            .unwrap();
+        let rows = 64 * (2 + 1) * 8;
+        if cfg!(unix) {
+            assert_eq!(table.memory_bytes(), 2 * 3 * (2 << 20) + rows);
+        }
+        // A small index (from the allocator) counts in full.
+        let small = Table::new(2, 0).unwrap();
+        small.upsert(&[1], Positions::Dense, &[1.0; 2]).unwrap();
+        assert_eq!(
+            small.memory_bytes(),
+            Index::bytes_for_capacity(small.capacity()) + rows
+        );
     }
 
     #[test]

@@ -70,6 +70,24 @@ impl<T> std::ops::Deref for ZeroedSlice<T> {
     }
 }
 
+impl<T> ZeroedSlice<T> {
+    /// Bytes of the array the system backs with memory, at most, when
+    /// writes have touched no more than `touched` distinct places of it: a
+    /// mapped array (see the module docs) is backed page by page as it is
+    /// first written, in pages of at most 2 MiB (a huge page; 4 KiB where
+    /// huge pages are unavailable), so it counts `touched` such pages at
+    /// most; an array from the allocator counts in full.
+    pub(crate) fn bytes_in_use(&self, touched: usize) -> usize {
+        let bytes = std::mem::size_of_val::<[T]>(self);
+        #[cfg(all(unix, not(miri), not(loom)))]
+        if let Backing::Mapped { .. } = self.backing {
+            return bytes.min(touched.saturating_mul(HUGE_PAGE));
+        }
+        let _ = touched;
+        bytes
+    }
+}
+
 impl<T> Drop for ZeroedSlice<T> {
     fn drop(&mut self) {
         // The element types (atomics) need no drop of their own.
