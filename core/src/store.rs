@@ -21,7 +21,7 @@ use crate::{Key, Result, SlotId, Variable};
 
 /// An embedding table that training can read and update: rows of
 /// [`dim`](EmbeddingStore::dim) `f32`s keyed by [`EmbeddingStore::Key`],
-/// with slot columns for optimizer state. See the [module docs](self) for
+/// with slot columns for optimizer state. See the module docs for
 /// the contract.
 pub trait EmbeddingStore: Send + Sync {
     /// The key type.
