@@ -481,7 +481,10 @@ fn a_stream_of_overlapping_restores_does_not_starve_a_save() {
     }
     saves_done.store(true, Ordering::Relaxed);
     let gave_up: Vec<bool> = readers.into_iter().map(|r| r.join().unwrap()).collect();
-    assert!(!gave_up.contains(&true), "the saves waited until the readers gave up");
+    assert!(
+        !gave_up.contains(&true),
+        "the saves waited until the readers gave up"
+    );
 }
 
 #[test]
