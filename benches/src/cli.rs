@@ -1,18 +1,23 @@
 //! The `compare` binary's flags, and the [`Plan`] they make.
 //!
 //! ```text
-//! compare [--keys N] [--dim D] [--threads T[,T..]] [--batch B] [--json FILE]
-//!         [--quick] [--systems S[,S..]] [--repeats R]
+//! compare [--keys N] [--dim D[,D..]] [--threads T[,T..]] [--batch B] [--json FILE]
+//!         [--quick] [--systems S[,S..]] [--ops O[,O..]] [--repeats R]
 //! ```
 //!
 //! Defaults: 8Mi keys (8,388,608), dim 64 plus a dim sweep (8 and 256, for
-//! lookup hit, upsert and accumulate), 1 and 2 threads, batches of 65,536,
-//! 1Mi keys per timed run, 5 rounds (3 for the ops that rebuild the table),
-//! every system. `--dim` runs that dim only, no sweep. `--quick`: 1Mi keys,
-//! dim 64 only, 256Ki keys per timed run, 3 rounds (1 for rebuilding ops);
-//! other flags still apply on top. The sweep keeps the main configuration's
-//! bytes of rows: `keys * 64 / dim` keys, at most `keys` (dim 8: `keys`,
-//! dim 256: `keys / 4`).
+//! lookup hit, upsert and accumulate) and dim 16 for the optimizer steps
+//! (`apply`), 1 and 2 threads, batches of 65,536, 1Mi keys per timed run, 5
+//! rounds (3 for the ops that rebuild the table), every system, every op.
+//! `--dim` runs those dims only (every selected op at each; the first is the
+//! main configuration), no sweep. `--quick`: 1Mi keys, dim 64 only, 256Ki
+//! keys per timed run, 3 rounds (1 for rebuilding ops), of the optimizer
+//! steps only `SparseAdam`'s unless `--ops` selects others; other flags
+//! still apply on top. The sweep keeps the main configuration's bytes of rows:
+//! `keys * 64 / dim` keys, at most `keys` (dim 8: `keys`, dim 256: `keys /
+//! 4`); the `apply` configuration at dim 16 has `keys` keys. `--ops` selects
+//! what runs (see [`USAGE`]); a configuration left with nothing to run is
+//! skipped.
 
 use crate::suite::{Config, Plan};
 use crate::systems::{Op, System};
@@ -21,18 +26,26 @@ use std::path::PathBuf;
 
 /// Usage text, printed by `--help` and after a flag error.
 pub const USAGE: &str = "\
-usage: compare [--keys N] [--dim D] [--threads T[,T..]] [--batch B] [--json FILE]
-               [--quick] [--systems S[,S..]] [--repeats R]
+usage: compare [--keys N] [--dim D[,D..]] [--threads T[,T..]] [--batch B] [--json FILE]
+               [--quick] [--systems S[,S..]] [--ops O[,O..]] [--repeats R]
 
   --keys N        keys in the table (default 8388608; --quick: 1048576)
-  --dim D         values per row; only this dim (default 64, plus a sweep of dims 8 and 256)
+  --dim D,..      values per row; only these dims, every selected op at each, the first
+                  is the main one (default 64, plus a sweep of dims 8 and 256 for lookup
+                  hit, upsert and accum, and dim 16 for apply)
   --threads T,..  thread counts to run every op at (default 1,2)
   --batch B       keys per batch (default 65536)
   --json FILE     also write every figure as JSON to FILE
-  --quick         1048576 keys, dim 64 only, fewer keys per run and rounds (CI)
+  --quick         1048576 keys, dim 64 only, fewer keys per run and rounds, of the
+                  optimizer steps only SparseAdam's unless --ops selects others (CI)
   --systems S,..  systems to run (default all): dynemb, dashmap, papaya, scc,
                   hashbrown, dense
-  --repeats R     rounds of the steady-state ops (default 5; --quick: 3)
+  --ops O,..      what to run (default all): lookup (hit, uniform and zipf), miss
+                  (constant and random normal init), upsert, accum, insert, remove,
+                  export, resize (under load), checkpoint (dynemb's save and restore),
+                  apply (optimizer steps: SparseSgd, SparseAdagrad, SparseAdam, uniform
+                  and zipf), apply-sgd, apply-adagrad, apply-adam
+  --repeats R     rounds of the steady-state ops and optimizer steps (default 5; --quick: 3)
   -h, --help      this text";
 
 /// The parsed command line.
@@ -40,8 +53,8 @@ usage: compare [--keys N] [--dim D] [--threads T[,T..]] [--batch B] [--json FILE
 pub struct Options {
     /// `--keys`.
     pub keys: Option<usize>,
-    /// `--dim`.
-    pub dim: Option<usize>,
+    /// `--dim` (empty: the default dims).
+    pub dims: Vec<usize>,
     /// `--threads`.
     pub threads: Vec<usize>,
     /// `--batch`.
@@ -52,6 +65,13 @@ pub struct Options {
     pub quick: bool,
     /// `--systems`.
     pub systems: Vec<System>,
+    /// The ops `--ops` selects, in report order; `None`: the default (every
+    /// op; with `--quick`, of the optimizer steps only `SparseAdam`'s).
+    pub ops: Option<Vec<Op>>,
+    /// Whether `--ops` selects resize under load (default: yes).
+    pub resize: bool,
+    /// Whether `--ops` selects the checkpoint measurement (default: yes).
+    pub checkpoint: bool,
     /// `--repeats`.
     pub repeats: Option<usize>,
 }
@@ -60,12 +80,15 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             keys: None,
-            dim: None,
+            dims: Vec::new(),
             threads: vec![1, 2],
             batch: 1 << 16,
             json: None,
             quick: false,
             systems: System::ALL.to_vec(),
+            ops: None,
+            resize: true,
+            checkpoint: true,
             repeats: None,
         }
     }
@@ -90,7 +113,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
             "-h" | "--help" => return Ok(Command::Help),
             "--quick" => o.quick = true,
             "--keys" => o.keys = Some(positive(&flag, &value()?)?),
-            "--dim" => o.dim = Some(positive(&flag, &value()?)?),
+            "--dim" => o.dims = list(&value()?, |s| positive(&flag, s))?,
             "--batch" => o.batch = positive(&flag, &value()?)?,
             "--repeats" => o.repeats = Some(positive(&flag, &value()?)?),
             "--json" => o.json = Some(PathBuf::from(value()?)),
@@ -107,6 +130,24 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
                     })
                 })?;
             }
+            "--ops" => {
+                let selected = list(&value()?, |s| {
+                    Selection::from_name(s).ok_or_else(|| {
+                        format!(
+                            "--ops: unknown op {s:?} (known: {})",
+                            Selection::NAMES.join(", ")
+                        )
+                    })
+                })?;
+                o.ops = Some(
+                    Op::ALL
+                        .into_iter()
+                        .filter(|op| selected.iter().any(|s| s.ops().contains(op)))
+                        .collect(),
+                );
+                o.resize = selected.contains(&Selection::Resize);
+                o.checkpoint = selected.contains(&Selection::Checkpoint);
+            }
             other => return Err(format!("unknown flag {other:?}")),
         }
     }
@@ -114,6 +155,64 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
         return Err("--keys must be below 2^32".into());
     }
     Ok(Command::Run(o))
+}
+
+/// What one name of `--ops` selects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Selection {
+    /// Some ops.
+    Ops(&'static [Op]),
+    /// Resize under load.
+    Resize,
+    /// dynemb's checkpoint save and restore.
+    Checkpoint,
+}
+
+impl Selection {
+    /// The names `--ops` knows, in usage order.
+    const NAMES: [&'static str; 13] = [
+        "lookup",
+        "miss",
+        "upsert",
+        "accum",
+        "insert",
+        "remove",
+        "export",
+        "resize",
+        "checkpoint",
+        "apply",
+        "apply-sgd",
+        "apply-adagrad",
+        "apply-adam",
+    ];
+
+    /// The selection called `name`.
+    fn from_name(name: &str) -> Option<Selection> {
+        Some(match name {
+            "lookup" => Selection::Ops(&[Op::LookupHit, Op::LookupHitZipf]),
+            "miss" => Selection::Ops(&[Op::LookupMissConstant, Op::LookupMissNormal]),
+            "upsert" => Selection::Ops(&[Op::Upsert]),
+            "accum" => Selection::Ops(&[Op::Accum]),
+            "insert" => Selection::Ops(&[Op::Insert]),
+            "remove" => Selection::Ops(&[Op::Remove]),
+            "export" => Selection::Ops(&[Op::Export]),
+            "resize" => Selection::Resize,
+            "checkpoint" => Selection::Checkpoint,
+            "apply" => Selection::Ops(&Op::APPLY),
+            "apply-sgd" => Selection::Ops(&[Op::ApplySgd, Op::ApplySgdZipf]),
+            "apply-adagrad" => Selection::Ops(&[Op::ApplyAdagrad, Op::ApplyAdagradZipf]),
+            "apply-adam" => Selection::Ops(&[Op::ApplyAdam, Op::ApplyAdamZipf]),
+            _ => return None,
+        })
+    }
+
+    /// The ops it selects.
+    fn ops(self) -> &'static [Op] {
+        match self {
+            Selection::Ops(ops) => ops,
+            Selection::Resize | Selection::Checkpoint => &[],
+        }
+    }
 }
 
 fn positive(flag: &str, s: &str) -> Result<usize, String> {
@@ -147,13 +246,15 @@ pub const DEFAULT_DIM: usize = 64;
 /// The dims of the sweep (lookup hit, upsert, accumulate only).
 pub const SWEEP_DIMS: [usize; 2] = [8, 256];
 
+/// The other dims of the optimizer steps (`apply` only), with `keys` keys.
+pub const APPLY_DIMS: [usize; 1] = [16];
+
 impl Options {
     /// The plan these options describe.
     pub fn plan(&self) -> Plan {
         let keys = self
             .keys
             .unwrap_or(if self.quick { 1 << 20 } else { 8 << 20 });
-        let dim = self.dim.unwrap_or(DEFAULT_DIM);
         let picks = if self.quick { 1 << 18 } else { 1 << 20 };
         let shape = |keys, dim| Shape {
             keys,
@@ -163,20 +264,49 @@ impl Options {
             zipf_s: 1.1,
             seed: SEED,
         };
-        let mut configs = vec![Config {
+        let chosen = self.ops.clone().unwrap_or_else(|| {
+            let quick_skips = [
+                Op::ApplySgd,
+                Op::ApplySgdZipf,
+                Op::ApplyAdagrad,
+                Op::ApplyAdagradZipf,
+            ];
+            Op::ALL
+                .into_iter()
+                .filter(|op| !(self.quick && quick_skips.contains(op)))
+                .collect()
+        });
+        let selected = |ops: &[Op]| -> Vec<Op> {
+            ops.iter()
+                .copied()
+                .filter(|op| chosen.contains(op))
+                .collect()
+        };
+        let config = |keys, dim, ops: &[Op], main: bool| Config {
             shape: shape(keys, dim),
-            ops: Op::ALL.to_vec(),
-            resize: true,
-        }];
-        if self.dim.is_none() && !self.quick {
-            for d in SWEEP_DIMS {
-                configs.push(Config {
-                    shape: shape((keys * DEFAULT_DIM / d).clamp(1, keys), d),
-                    ops: vec![Op::LookupHit, Op::Upsert, Op::Accum],
-                    resize: false,
-                });
+            ops: selected(ops),
+            resize: main && self.resize,
+            checkpoint: main && self.checkpoint,
+        };
+        let mut configs = Vec::new();
+        if self.dims.is_empty() {
+            configs.push(config(keys, DEFAULT_DIM, &Op::ALL, true));
+            if !self.quick {
+                for d in SWEEP_DIMS {
+                    let sweep = [Op::LookupHit, Op::Upsert, Op::Accum];
+                    let sweep_keys = (keys * DEFAULT_DIM / d).clamp(1, keys);
+                    configs.push(config(sweep_keys, d, &sweep, false));
+                }
+                for d in APPLY_DIMS {
+                    configs.push(config(keys, d, &Op::APPLY, false));
+                }
+            }
+        } else {
+            for (i, &d) in self.dims.iter().enumerate() {
+                configs.push(config(keys, d, &Op::ALL, i == 0));
             }
         }
+        configs.retain(|c| !c.ops.is_empty() || c.resize || c.checkpoint);
         let repeats = self.repeats.unwrap_or(if self.quick { 3 } else { 5 });
         Plan {
             configs,
@@ -204,7 +334,7 @@ mod tests {
         let o = run(&[]).unwrap();
         assert_eq!(o, Options::default());
         let p = o.plan();
-        assert_eq!(p.configs.len(), 3);
+        assert_eq!(p.configs.len(), 4);
         assert_eq!(p.configs[0].shape.keys, 8 << 20);
         assert_eq!(p.configs[0].shape.dim, 64);
         assert_eq!(p.configs[0].ops, Op::ALL);
@@ -212,6 +342,11 @@ mod tests {
         assert_eq!(p.configs[1].shape.keys, 8 << 20);
         assert_eq!(p.configs[2].shape.dim, 256);
         assert_eq!(p.configs[2].shape.keys, 2 << 20);
+        assert_eq!(p.configs[3].shape.dim, 16);
+        assert_eq!(p.configs[3].shape.keys, 8 << 20);
+        assert_eq!(p.configs[3].ops, Op::APPLY);
+        assert!(p.configs[0].resize && p.configs[0].checkpoint);
+        assert!(!p.configs[3].resize && !p.configs[3].checkpoint);
         assert_eq!(p.threads, [1, 2]);
         assert_eq!((p.repeats, p.destructive_repeats), (5, 3));
         assert_eq!(p.systems, System::ALL);
@@ -237,6 +372,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(o.keys, Some(4_000_000));
+        assert_eq!(o.dims, [32]);
         assert_eq!(o.threads, [2, 1]);
         assert_eq!(o.systems, [System::Dynemb, System::HashbrownRwLock]);
         assert_eq!(o.json, Some(PathBuf::from("out.json")));
@@ -255,6 +391,55 @@ mod tests {
         assert_eq!(p.configs[0].shape.dim, 64);
         assert_eq!((p.repeats, p.destructive_repeats), (3, 1));
         assert!(p.configs[0].resize);
+        let apply: Vec<Op> = p.configs[0]
+            .ops
+            .iter()
+            .copied()
+            .filter(|op| op.is_apply())
+            .collect();
+        assert_eq!(
+            apply,
+            [Op::ApplyAdam, Op::ApplyAdamZipf],
+            "quick: Adam only"
+        );
+        assert_eq!(p.configs[0].ops.len(), 11);
+        let p = run(&["--quick", "--ops", "apply"]).unwrap().plan();
+        assert_eq!(p.configs[0].ops, Op::APPLY, "unless --ops says otherwise");
+    }
+
+    #[test]
+    fn ops_select_what_runs() {
+        let o = run(&["--ops", "apply,accum"]).unwrap();
+        let mut want = vec![Op::Accum];
+        want.extend(Op::APPLY);
+        assert_eq!(o.ops, Some(want.clone()));
+        assert!(!o.resize && !o.checkpoint);
+        let p = o.plan();
+        let dims: Vec<usize> = p.configs.iter().map(|c| c.shape.dim).collect();
+        assert_eq!(dims, [64, 8, 256, 16]);
+        assert_eq!(p.configs[0].ops, want);
+        assert_eq!(p.configs[1].ops, [Op::Accum], "the sweep keeps accum");
+        assert_eq!(p.configs[3].ops, Op::APPLY);
+        assert!(!p.configs[0].resize && !p.configs[0].checkpoint);
+
+        let p = run(&["--ops", "apply-adam", "--dim", "64,16"])
+            .unwrap()
+            .plan();
+        assert_eq!(p.configs.len(), 2);
+        for (c, dim) in p.configs.iter().zip([64, 16]) {
+            assert_eq!(c.shape.dim, dim);
+            assert_eq!(c.ops, [Op::ApplyAdam, Op::ApplyAdamZipf]);
+        }
+
+        let p = run(&["--ops", "lookup,resize"]).unwrap().plan();
+        let dims: Vec<usize> = p.configs.iter().map(|c| c.shape.dim).collect();
+        assert_eq!(dims, [64, 8, 256], "nothing to run at dim 16");
+        assert!(p.configs[0].resize && !p.configs[0].checkpoint);
+        assert_eq!(p.configs[0].ops, [Op::LookupHit, Op::LookupHitZipf]);
+
+        let p = run(&["--ops", "checkpoint", "--quick"]).unwrap().plan();
+        assert_eq!(p.configs.len(), 1);
+        assert!(p.configs[0].ops.is_empty() && p.configs[0].checkpoint);
     }
 
     #[test]
@@ -269,6 +454,9 @@ mod tests {
             .unwrap_err()
             .contains("unknown system"));
         assert!(run(&["--threads", ","]).unwrap_err().contains("list"));
+        assert!(run(&["--ops", "lookup,train"])
+            .unwrap_err()
+            .contains("unknown op \"train\""));
         assert_eq!(run(&["--help"]).unwrap_err(), "help");
     }
 }

@@ -7,8 +7,9 @@
 //! system with the ratios dynemb / best peer and dynemb / dense reference:
 //!
 //! ```text
-//! cargo run --release -p dynemb-benches --bin compare -- [--keys N] [--dim D]
+//! cargo run --release -p dynemb-benches --bin compare -- [--keys N] [--dim D[,D..]]
 //!     [--threads T[,T..]] [--batch B] [--json FILE] [--quick] [--systems S[,S..]]
+//!     [--ops O[,O..]] [--repeats R]
 //! ```
 //!
 //! The systems (see [`systems`]): dynemb through its public batched API;
@@ -16,10 +17,14 @@
 //! recommends; `hashbrown` behind one `RwLock` taken once per batch; and a
 //! dense reference, the same rows in one huge-page array addressed by a
 //! precomputed row index: what the operation costs with no hashing at all.
+//! It also times optimizer steps (`dynemb-optim`'s `apply` of SGD, Adagrad
+//! and Adam) on dynemb, the dense reference, dashmap, papaya and scc.
 //!
 //! Modules, each owning one thing:
 //! - [`workload`]: keys, picks (uniform, Zipf), miss keys, row values;
 //! - [`systems`]: the [`systems::Store`] trait and one adapter per system;
+//! - [`apply`]: optimizer steps, the [`apply::Trainer`] trait and one
+//!   adapter per system;
 //! - [`harness`]: running an op over batches on T threads, medians, RSS;
 //! - [`suite`]: which ops run on which system, in which order;
 //! - [`resize`]: a reader's batch latency while a writer grows the table;
@@ -28,6 +33,7 @@
 //! - [`report`]: the figures as tables and as JSON;
 //! - [`cli`]: the `compare` binary's flags.
 
+pub mod apply;
 pub mod checkpoint;
 pub mod cli;
 pub mod harness;

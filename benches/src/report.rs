@@ -8,7 +8,7 @@
 use crate::checkpoint::CheckpointRow;
 use crate::harness::{median, quantile, CpuClock};
 use crate::systems::{Op, System};
-use crate::targets::Target;
+use crate::targets::{ApplyRatio, Target};
 use crate::workload::Shape;
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -277,6 +277,9 @@ pub struct Report {
     pub runs: Vec<SystemRun>,
     /// The issue's targets against the measured figures.
     pub targets: Vec<Target>,
+    /// The optimizer-step targets' ratios at every measured dim, thread
+    /// count and pick distribution (the targets use uniform picks).
+    pub apply_ratios: Vec<ApplyRatio>,
     /// Wall time of the whole run, s.
     pub wall_seconds: f64,
 }
@@ -358,7 +361,8 @@ impl Report {
             let _ = writeln!(
                 s,
                 "\n### dim {}, {} keys, batches of {}, {} keys per timed run \
-                 (M keys/s, median of rounds; export: M rows/s)\n",
+                 (M keys/s, median of rounds; export: M rows/s; apply: keys of the \
+                 batches, repeats counted)\n",
                 c.dim, c.keys, c.batch, c.picks
             );
             s.push_str(&self.ops_table(c, systems));
@@ -392,6 +396,13 @@ impl Report {
             s.push_str("\n### targets\n\n");
             s.push_str(&targets_table(&self.targets));
         }
+        if !self.apply_ratios.is_empty() {
+            s.push_str(
+                "\n### optimizer step ratios (SparseAdam apply; the targets above use uniform \
+                 picks; accum is dynemb's, uniform picks, same dim)\n\n",
+            );
+            s.push_str(&apply_ratios_table(&self.apply_ratios));
+        }
         let _ = writeln!(
             s,
             "\n{} CPUs, transparent huge pages: {}; wall time {:.0} s",
@@ -423,7 +434,7 @@ impl Report {
                 for &s in systems {
                     row.push(match f.get(s, op, t) {
                         Some(v) => format!("{:.2}", v / 1e6),
-                        None if s == System::Dense => "-".into(),
+                        None if !s.measures(op) => "-".into(),
                         None => "n/a".into(),
                     });
                 }
@@ -518,6 +529,35 @@ fn resize_table(rows: &[ResizeRow]) -> String {
                 r.worst_at_keys.map_or("-".into(), |k| k.to_string()),
                 format!("{:.2}", r.writer_seconds),
                 r.other_cpus.map_or("n/a".into(), |c| format!("{c:.2}")),
+            ]
+        })
+        .collect();
+    markdown_table(&header, &rows)
+}
+
+/// The optimizer step ratios as a Markdown table.
+fn apply_ratios_table(rows: &[ApplyRatio]) -> String {
+    let header = [
+        "dim",
+        "keys",
+        "picks",
+        "threads",
+        "dynemb Adam / dynemb accum",
+        "dynemb / best of dashmap, papaya, scc",
+        "dynemb / dense",
+    ]
+    .map(String::from);
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.dim.to_string(),
+                r.keys.to_string(),
+                if r.zipf { "zipf 1.1" } else { "uniform" }.into(),
+                r.threads.to_string(),
+                ratio(r.adam_over_accum),
+                ratio(r.vs_best_map),
+                ratio(r.vs_dense),
             ]
         })
         .collect();
@@ -748,6 +788,15 @@ mod tests {
                 at_most: false,
                 unit: Unit::Ratio,
                 met: Some(false),
+            }],
+            apply_ratios: vec![ApplyRatio {
+                dim: 8,
+                keys: 1000,
+                zipf: true,
+                threads: 2,
+                adam_over_accum: Some(0.75),
+                vs_best_map: Some(4.0),
+                vs_dense: None,
             }],
             wall_seconds: 3.0,
         }

@@ -24,9 +24,20 @@
 //!    then lookup misses (random normal rows; after one untimed pass, so the
 //!    table has settled as in phase 2), then removing every key.
 //!
-//! The dim sweep runs phases 1 and 2 with lookup hit, upsert and accumulate
-//! only.
+//! 4. **Optimizer steps** (the `apply` ops, [`crate::apply`]): for each
+//!    optimizer, a fresh table with the optimizer's slots, prefilled with
+//!    every key, its first steps checked, one untimed warm-up round at the
+//!    most threads, then for each thread count `repeats` rounds, each timing
+//!    every selected step once (uniform and Zipf picks), and one more step
+//!    checked; the table is dropped before the next optimizer's is built.
+//!
+//! A configuration runs only the phases of its ops: phases 1 and 2 need one
+//! of phase 2's ops or export, phase 3 one of its own, phase 4 an `apply`
+//! op (hashbrown+RwLock runs no `apply`). The dim sweep runs phases 1 and 2
+//! with lookup hit, upsert and accumulate only; the dim-16 configuration
+//! runs phase 4 only.
 
+use crate::apply::{self, Optimizer};
 use crate::checkpoint::{save_and_restore, CheckpointRow};
 use crate::harness::{batches, rate, release_free_memory, rss_bytes, run_split, CpuClock};
 use crate::report::{Measurement, MemoryRow, ResizeRow, SystemRun};
@@ -56,9 +67,12 @@ pub struct Config {
     pub shape: Shape,
     /// The ops to time.
     pub ops: Vec<Op>,
-    /// Whether to measure a reader's latency while the table grows, and
-    /// dynemb's checkpoint save and restore (the main configuration).
+    /// Whether to measure a reader's latency while the table grows (the
+    /// main configuration).
     pub resize: bool,
+    /// Whether to measure dynemb's checkpoint save and restore (the main
+    /// configuration).
+    pub checkpoint: bool,
 }
 
 /// Everything the `compare` binary runs.
@@ -129,6 +143,9 @@ pub fn run(plan: &Plan, progress: &Progress) -> Results {
         ));
         let w = Workload::generate(s);
         for &system in &plan.systems {
+            if !config.ops.iter().any(|&op| system.measures(op)) {
+                continue;
+            }
             let (clock, start) = (CpuClock::now(), Instant::now());
             run_system(plan, config, &w, system, progress, &mut results);
             let run = SystemRun::new(system, &s, start.elapsed(), clock, CpuClock::now());
@@ -147,17 +164,17 @@ pub fn run(plan: &Plan, progress: &Progress) -> Results {
                 release_free_memory();
                 results.resize.push(resize_under_load(system, &w));
             }
-            if plan.systems.contains(&System::Dynemb) {
-                for adam in [false, true] {
-                    let what = if adam {
-                        " with Adam slots and scores"
-                    } else {
-                        ""
-                    };
-                    progress.note(format_args!("dynemb: checkpoint save and restore{what}"));
-                    release_free_memory();
-                    results.checkpoint.push(save_and_restore(&w, adam));
-                }
+        }
+        if config.checkpoint && plan.systems.contains(&System::Dynemb) {
+            for adam in [false, true] {
+                let what = if adam {
+                    " with Adam slots and scores"
+                } else {
+                    ""
+                };
+                progress.note(format_args!("dynemb: checkpoint save and restore{what}"));
+                release_free_memory();
+                results.checkpoint.push(save_and_restore(&w, adam));
             }
         }
     }
@@ -195,6 +212,11 @@ fn picks_of(op: Op, w: &Workload) -> &Picks {
         Op::Insert => &w.keys,
         Op::Remove => &w.removals,
         Op::Export => unreachable!("export has no picks"),
+        op => match op.optimizer() {
+            Some((_, false)) => &w.uniform,
+            Some((_, true)) => &w.zipf,
+            None => unreachable!("every other op is matched above"),
+        },
     }
 }
 
@@ -215,6 +237,7 @@ fn time_op(store: &dyn Store, op: Op, w: &Workload, scratch: &mut [Scratch]) -> 
                 Op::Insert => store.insert(b, w.values_for(b.len())),
                 Op::Remove => store.remove(b),
                 Op::Export => unreachable!("export is timed by time_export"),
+                _ => unreachable!("optimizer steps are timed by apply::time_apply"),
             }
         }
         std::hint::black_box(&s.out);
@@ -275,6 +298,8 @@ impl Samples<'_> {
     }
 }
 
+/// Runs every phase of `config` that has ops on `system`, one after
+/// another, and records the medians.
 fn run_system(
     plan: &Plan,
     config: &Config,
@@ -283,14 +308,48 @@ fn run_system(
     progress: &Progress,
     results: &mut Results,
 ) {
-    let name = system.name();
-    let dim = w.dim();
-    let max_threads = plan.threads.iter().copied().max().unwrap_or(1);
     let mut samples = Samples {
         config,
         system,
         by_op: Vec::new(),
     };
+    let table_ops = [
+        Op::LookupHit,
+        Op::LookupHitZipf,
+        Op::LookupMissConstant,
+        Op::Upsert,
+        Op::Accum,
+        Op::Export,
+    ];
+    if table_ops.iter().any(|op| config.ops.contains(op)) {
+        run_tables(plan, config, w, system, progress, &mut samples, results);
+    }
+    run_destructive(plan, config, w, system, progress, &mut samples);
+    if config
+        .ops
+        .iter()
+        .any(|op| op.is_apply() && system.measures(*op))
+    {
+        run_apply(plan, config, w, system, progress, &mut samples);
+    }
+    samples.record(results);
+    release_free_memory();
+}
+
+/// Phases 1 and 2: grow a table, measure its memory, time the steady-state
+/// ops and export.
+fn run_tables(
+    plan: &Plan,
+    config: &Config,
+    w: &Workload,
+    system: System,
+    progress: &Progress,
+    samples: &mut Samples<'_>,
+    results: &mut Results,
+) {
+    let name = system.name();
+    let dim = w.dim();
+    let max_threads = plan.threads.iter().copied().max().unwrap_or(1);
 
     // Phase 1: grow to full size, measure memory, check rows.
     // Allocated before the first RSS reading and dropped after the last.
@@ -353,8 +412,19 @@ fn run_system(
         grow_seconds,
     ));
     drop((store, grow_scratch));
+}
 
-    // Phase 3: destructive ops on fresh tables.
+/// Phase 3: insert, lookup miss (random normal) and remove on fresh tables.
+fn run_destructive(
+    plan: &Plan,
+    config: &Config,
+    w: &Workload,
+    system: System,
+    progress: &Progress,
+    samples: &mut Samples<'_>,
+) {
+    let name = system.name();
+    let dim = w.dim();
     let destructive = [Op::Insert, Op::LookupMissNormal, Op::Remove];
     if destructive.iter().any(|op| config.ops.contains(op)) {
         for &threads in &plan.threads {
@@ -381,8 +451,64 @@ fn run_system(
             "{name} dim {dim}: insert / miss / remove done"
         ));
     }
-    samples.record(results);
-    release_free_memory();
+}
+
+/// Phase 4: the optimizer steps, one fresh table per optimizer.
+fn run_apply(
+    plan: &Plan,
+    config: &Config,
+    w: &Workload,
+    system: System,
+    progress: &Progress,
+    samples: &mut Samples<'_>,
+) {
+    let name = system.name();
+    let dim = w.dim();
+    let max_threads = plan.threads.iter().copied().max().unwrap_or(1);
+    for optimizer in Optimizer::ALL {
+        let ops: Vec<Op> = [false, true]
+            .into_iter()
+            .map(|zipf| Op::apply(optimizer, zipf))
+            .filter(|op| config.ops.contains(op))
+            .collect();
+        if ops.is_empty() {
+            continue;
+        }
+        release_free_memory();
+        let rss_before = rss_bytes();
+        let Some(trainer) = apply::build(system, optimizer, &spec(w, CONSTANT)) else {
+            return;
+        };
+        let trainer = trainer.as_ref();
+        let start = Instant::now();
+        apply::prefill(trainer, w, max_threads);
+        let prefill_seconds = start.elapsed().as_secs_f64();
+        apply::check_first_steps(trainer, w);
+        for &op in &ops {
+            apply::time_apply(trainer, picks_of(op, w), w, max_threads);
+        }
+        let rss = rss_before
+            .zip(rss_bytes())
+            .map_or(f64::NAN, |(a, b)| b.saturating_sub(a) as f64 / 1e9);
+        progress.note(format_args!(
+            "{name} dim {dim} {}: prefilled in {prefill_seconds:.1} s, first steps checked, \
+             warmed up; the table holds {rss:.2} GB of RSS",
+            optimizer.name()
+        ));
+        for &threads in &plan.threads {
+            for _ in 0..plan.repeats {
+                for &op in &ops {
+                    let rate = apply::time_apply(trainer, picks_of(op, w), w, threads);
+                    samples.push(op, threads, rate);
+                }
+            }
+        }
+        apply::check_next_step(trainer, w);
+        progress.note(format_args!(
+            "{name} dim {dim} {}: steps timed and checked",
+            optimizer.name()
+        ));
+    }
 }
 
 /// Checks a freshly grown table: a batch of hits reads the rows that were

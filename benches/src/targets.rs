@@ -5,8 +5,13 @@
 //! measured (else the most threads measured), and export on one thread.
 //! Every verdict is computed from the measured numbers; a target whose
 //! figures were not measured (a system left out) is "not measured".
+//!
+//! The optimizer-step targets use `SparseAdam`'s step on uniform picks
+//! (dynemb's `accum`, their reference, is measured on uniform picks too);
+//! [`apply_ratios`] gives the same three ratios for every measured dim,
+//! thread count and both pick distributions, Zipf included, for the report.
 
-use crate::report::{Figures, MemoryRow, ResizeRow};
+use crate::report::{Figures, Measurement, MemoryRow, ResizeRow};
 use crate::systems::{Op, System};
 use serde::Serialize;
 
@@ -138,6 +143,21 @@ pub fn check(
             ours_resize.map(|r| r.worst_over_median),
             10.0,
         ),
+        Target::at_least(
+            format!("apply SparseAdam, uniform ({t} threads): dynemb / dynemb's accum"),
+            adam_over_accum(f, Op::ApplyAdam, t),
+            0.5,
+            Unit::Ratio,
+        ),
+        Target::at_least(
+            format!(
+                "apply SparseAdam, uniform ({t} threads): dynemb / best of dashmap, papaya, scc"
+            ),
+            f.vs_best_concurrent_map(Op::ApplyAdam, t),
+            3.0,
+            Unit::Ratio,
+        ),
+        vs_dense("apply SparseAdam, uniform", Op::ApplyAdam, 0.4),
         Target::at_most(
             "memory: memory_bytes per row / raw bytes per row",
             per_raw(ours_memory.and_then(|m| m.reported_bytes_per_row)),
@@ -151,10 +171,75 @@ pub fn check(
     ]
 }
 
+/// dynemb's `SparseAdam` step (`op`: uniform or Zipf picks) / dynemb's
+/// `accum` (uniform picks), at `threads`.
+fn adam_over_accum(f: &Figures<'_>, op: Op, threads: usize) -> Option<f64> {
+    Some(f.get(System::Dynemb, op, threads)? / f.get(System::Dynemb, Op::Accum, threads)?)
+}
+
+/// The optimizer-step targets' three ratios for one dim, pick distribution
+/// and thread count.
+#[derive(Debug, Clone, Serialize)]
+pub struct ApplyRatio {
+    /// Values per row.
+    pub dim: usize,
+    /// Keys in the table.
+    pub keys: usize,
+    /// Zipf picks (else uniform).
+    pub zipf: bool,
+    /// Threads.
+    pub threads: usize,
+    /// dynemb's `SparseAdam` step / dynemb's `accum` (uniform picks, the
+    /// same configuration; `None` where accum was not measured).
+    pub adam_over_accum: Option<f64>,
+    /// dynemb / the best of dashmap, papaya and scc, `SparseAdam` step.
+    pub vs_best_map: Option<f64>,
+    /// dynemb / the dense reference, `SparseAdam` step.
+    pub vs_dense: Option<f64>,
+}
+
+/// The three ratios for every (dim, keys) of `configs` where dynemb's
+/// `SparseAdam` step was measured, at each of `threads`, uniform then Zipf.
+pub fn apply_ratios(
+    measurements: &[Measurement],
+    configs: &[(usize, usize)],
+    threads: &[usize],
+) -> Vec<ApplyRatio> {
+    let mut out = Vec::new();
+    for &(dim, keys) in configs {
+        let f = Figures {
+            measurements,
+            dim,
+            keys,
+        };
+        for zipf in [false, true] {
+            let op = if zipf {
+                Op::ApplyAdamZipf
+            } else {
+                Op::ApplyAdam
+            };
+            for &t in threads {
+                if f.get(System::Dynemb, op, t).is_none() {
+                    continue;
+                }
+                out.push(ApplyRatio {
+                    dim,
+                    keys,
+                    zipf,
+                    threads: t,
+                    adam_over_accum: adam_over_accum(&f, op, t),
+                    vs_best_map: f.vs_best_concurrent_map(op, t),
+                    vs_dense: f.vs_dense(op, t),
+                });
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::Measurement;
     use crate::workload::Shape;
 
     fn shape() -> Shape {
@@ -183,6 +268,13 @@ mod tests {
             m(System::Dense, Op::LookupHit, 20e6),
             m(System::Dynemb, Op::Upsert, 9e6),
             m(System::Papaya, Op::Upsert, 3e6),
+            m(System::Dynemb, Op::Accum, 8e6),
+            m(System::Dynemb, Op::ApplyAdam, 5e6),
+            m(System::DashMap, Op::ApplyAdam, 1e6),
+            m(System::Scc, Op::ApplyAdam, 2e6),
+            m(System::Dense, Op::ApplyAdam, 10e6),
+            m(System::Dynemb, Op::ApplyAdamZipf, 6e6),
+            m(System::Dense, Op::ApplyAdamZipf, 8e6),
         ];
         let f = Figures {
             measurements: &ms,
@@ -230,6 +322,19 @@ mod tests {
             Some(true)
         );
         assert_eq!(get("accumulate").met, None, "not measured");
+        let own = get("apply SparseAdam, uniform (2 threads): dynemb / dynemb's accum");
+        assert_eq!((own.measured, own.met), (Some(5.0 / 8.0), Some(true)));
+        let maps = get("apply SparseAdam, uniform (2 threads): dynemb / best of");
+        assert_eq!((maps.measured, maps.met), (Some(2.5), Some(false)));
+        let dense = get("apply SparseAdam, uniform (2 threads): dynemb / dense");
+        assert_eq!((dense.measured, dense.met), (Some(0.5), Some(true)));
+
+        let ratios = apply_ratios(&ms, &[(64, 100), (16, 100)], &[1, 2]);
+        assert_eq!(ratios.len(), 2, "dim 64, 2 threads, uniform and zipf");
+        assert!(!ratios[0].zipf && ratios[1].zipf);
+        assert_eq!(ratios[1].adam_over_accum, Some(6.0 / 8.0));
+        assert_eq!(ratios[1].vs_best_map, None, "no peer measured on zipf");
+        assert_eq!(ratios[1].vs_dense, Some(0.75));
         assert_eq!(get("resize").measured, Some(10.0));
         assert_eq!(get("resize").met, Some(true), "10x is within <= 10x");
         let mem = get("memory: memory_bytes");

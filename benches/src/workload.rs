@@ -13,8 +13,9 @@
 //!   array) nor in key order.
 //! - `misses`: random keys that are not stored (row index [`NO_ROW`]).
 //! - `removals`: every stored key once, shuffled.
-//! - `values` / `deltas`: one batch of finite row values, reused for every
-//!   batch of upserts, inserts and accumulations.
+//! - `values` / `deltas` / `grads`: one batch of finite row values, reused
+//!   for every batch of upserts and inserts, of accumulations, and of
+//!   optimizer steps (the gradients of [`crate::apply`]).
 
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -122,6 +123,9 @@ pub struct Workload {
     pub values: Vec<f32>,
     /// One batch of row deltas (`batch * dim`), for accumulate.
     pub deltas: Vec<f32>,
+    /// One batch of gradient rows (`batch * dim`, in `[-0.5, 0.5]`), for
+    /// the optimizer steps.
+    pub grads: Vec<f32>,
 }
 
 impl Workload {
@@ -155,6 +159,9 @@ impl Workload {
         let deltas = (0..row_len)
             .map(|j| (j % 13) as f32 * 1e-3 - 6e-3)
             .collect();
+        let grads = (0..row_len)
+            .map(|j| ((j * 37) % 101) as f32 * 0.01 - 0.5)
+            .collect();
         Workload {
             shape,
             keys: Picks {
@@ -170,6 +177,7 @@ impl Workload {
             },
             values,
             deltas,
+            grads,
         }
     }
 
@@ -191,6 +199,11 @@ impl Workload {
     /// The first `keys * dim` values of the delta batch.
     pub fn deltas_for(&self, keys: usize) -> &[f32] {
         &self.deltas[..keys * self.shape.dim]
+    }
+
+    /// The first `keys * dim` values of the gradient batch.
+    pub fn grads_for(&self, keys: usize) -> &[f32] {
+        &self.grads[..keys * self.shape.dim]
     }
 }
 
@@ -317,7 +330,13 @@ mod tests {
         let w = Workload::generate(shape(100));
         assert_eq!(w.values.len(), 16 * 4);
         assert_eq!(w.deltas_for(3).len(), 12);
-        assert!(w.values.iter().chain(&w.deltas).all(|v| v.is_finite()));
+        assert_eq!(w.grads_for(2).len(), 8);
+        assert!(w
+            .values
+            .iter()
+            .chain(&w.deltas)
+            .chain(&w.grads)
+            .all(|v| v.is_finite()));
         let b = w.uniform.batch(5..9);
         assert_eq!(b.len(), 4);
         assert_eq!(b.keys, &w.uniform.keys[5..9]);

@@ -2,8 +2,9 @@
 //! one process, one system after another.
 //!
 //! ```text
-//! cargo run --release -p dynemb-benches --bin compare -- [--keys N] [--dim D]
+//! cargo run --release -p dynemb-benches --bin compare -- [--keys N] [--dim D[,D..]]
 //!     [--threads T[,T..]] [--batch B] [--json FILE] [--quick] [--systems S[,S..]]
+//!     [--ops O[,O..]] [--repeats R]
 //! ```
 //!
 //! Progress goes to stderr; the report (Markdown tables) to stdout. See the
@@ -64,6 +65,7 @@ fn main() -> ExitCode {
         checkpoint: results.checkpoint,
         runs: results.runs,
         targets: Vec::new(),
+        apply_ratios: Vec::new(),
         wall_seconds: 0.0,
     };
     report.targets = targets::check(
@@ -72,6 +74,12 @@ fn main() -> ExitCode {
         &report.resize,
         &report.memory,
     );
+    let dims: Vec<(usize, usize)> = plan
+        .configs
+        .iter()
+        .map(|c| (c.shape.dim, c.shape.keys))
+        .collect();
+    report.apply_ratios = targets::apply_ratios(&report.measurements, &dims, &plan.threads);
     report.wall_seconds = started.elapsed().as_secs_f64();
 
     println!("{}", report.render());

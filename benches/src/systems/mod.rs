@@ -13,6 +13,9 @@
 //! | `hashbrown+RwLock` | `RwLock<hashbrown::HashMap<u64, Box<[f32]>>>`, one lock per batch ([`hashbrown_store`]) |
 //! | `dense` | rows in one huge-page array by precomputed row index ([`dense`]) |
 //!
+//! The optimizer steps (the `apply` ops) run on tables that also hold the
+//! optimizer's slot rows, with their own adapters: see [`crate::apply`].
+//!
 //! All hash maps use ahash with fixed seeds (the hash function dynemb uses
 //! internally), instead of their default SipHash/foldhash, so no peer pays
 //! for a slower hasher. The peers store `Box<[f32]>` rows: the row width is a
@@ -32,6 +35,7 @@ pub mod hashbrown_store;
 pub mod papaya_store;
 pub mod scc_store;
 
+use crate::apply::Optimizer;
 use crate::workload::Batch;
 use dynemb::Initializer;
 use serde::Serialize;
@@ -107,11 +111,23 @@ pub enum Op {
     Remove,
     /// Copying every key and row out.
     Export,
+    /// One `SparseSgd` step per batch, uniform picks ([`crate::apply`]).
+    ApplySgd,
+    /// One `SparseSgd` step per batch, Zipf picks.
+    ApplySgdZipf,
+    /// One `SparseAdagrad` step per batch, uniform picks.
+    ApplyAdagrad,
+    /// One `SparseAdagrad` step per batch, Zipf picks.
+    ApplyAdagradZipf,
+    /// One `SparseAdam` step per batch, uniform picks.
+    ApplyAdam,
+    /// One `SparseAdam` step per batch, Zipf picks.
+    ApplyAdamZipf,
 }
 
 impl Op {
     /// Every op, in report order.
-    pub const ALL: [Op; 9] = [
+    pub const ALL: [Op; 15] = [
         Op::LookupHit,
         Op::LookupHitZipf,
         Op::LookupMissConstant,
@@ -121,7 +137,50 @@ impl Op {
         Op::Insert,
         Op::Remove,
         Op::Export,
+        Op::ApplySgd,
+        Op::ApplySgdZipf,
+        Op::ApplyAdagrad,
+        Op::ApplyAdagradZipf,
+        Op::ApplyAdam,
+        Op::ApplyAdamZipf,
     ];
+
+    /// The optimizer steps ([`crate::apply`]), in report order.
+    pub const APPLY: [Op; 6] = [
+        Op::ApplySgd,
+        Op::ApplySgdZipf,
+        Op::ApplyAdagrad,
+        Op::ApplyAdagradZipf,
+        Op::ApplyAdam,
+        Op::ApplyAdamZipf,
+    ];
+
+    /// The step of `optimizer` on uniform picks, or on Zipf picks if `zipf`.
+    pub fn apply(optimizer: Optimizer, zipf: bool) -> Op {
+        match (optimizer, zipf) {
+            (Optimizer::Sgd, false) => Op::ApplySgd,
+            (Optimizer::Sgd, true) => Op::ApplySgdZipf,
+            (Optimizer::Adagrad, false) => Op::ApplyAdagrad,
+            (Optimizer::Adagrad, true) => Op::ApplyAdagradZipf,
+            (Optimizer::Adam, false) => Op::ApplyAdam,
+            (Optimizer::Adam, true) => Op::ApplyAdamZipf,
+        }
+    }
+
+    /// For an optimizer step: its optimizer, and whether its picks are
+    /// Zipf's (else uniform). `None` for the other ops.
+    pub fn optimizer(self) -> Option<(Optimizer, bool)> {
+        Optimizer::ALL
+            .into_iter()
+            .flat_map(|o| [(o, false), (o, true)])
+            .find(|&(o, zipf)| Op::apply(o, zipf) == self)
+    }
+
+    /// True for the optimizer steps, which run on [`crate::apply::Trainer`]s
+    /// rather than on [`Store`]s.
+    pub fn is_apply(self) -> bool {
+        self.optimizer().is_some()
+    }
 
     /// Name in tables and JSON.
     pub fn name(self) -> &'static str {
@@ -135,6 +194,12 @@ impl Op {
             Op::Insert => "insert new (grow from empty)",
             Op::Remove => "remove",
             Op::Export => "export (rows/s)",
+            Op::ApplySgd => "apply SparseSgd (uniform)",
+            Op::ApplySgdZipf => "apply SparseSgd (zipf 1.1)",
+            Op::ApplyAdagrad => "apply SparseAdagrad (uniform)",
+            Op::ApplyAdagradZipf => "apply SparseAdagrad (zipf 1.1)",
+            Op::ApplyAdam => "apply SparseAdam (uniform)",
+            Op::ApplyAdamZipf => "apply SparseAdam (zipf 1.1)",
         }
     }
 }
@@ -197,6 +262,19 @@ impl System {
     /// dense reference).
     pub fn is_peer(self) -> bool {
         !matches!(self, System::Dynemb | System::Dense)
+    }
+
+    /// Whether this system runs `op` at all: the dense reference has no
+    /// insert, remove or export (see [`dense`]); hashbrown+RwLock has no
+    /// optimizer steps (only dashmap, papaya and scc are the peers of
+    /// [`crate::apply`]). The report prints "-" for the others' missing
+    /// figures.
+    pub fn measures(self, op: Op) -> bool {
+        match self {
+            System::Dense => !matches!(op, Op::Insert | Op::Remove | Op::Export),
+            System::HashbrownRwLock => !op.is_apply(),
+            _ => true,
+        }
     }
 
     /// An empty table of this system for `spec`.
