@@ -87,6 +87,27 @@ pub(crate) fn check(ok: bool, optimizer: &str, what: impl std::fmt::Display) -> 
     }
 }
 
+/// Checks an epsilon: a normal positive number (TensorFlow flushes
+/// subnormals to 0).
+pub(crate) fn check_eps(optimizer: &str, eps: f32) -> Result<()> {
+    check(
+        eps.is_finite() && eps >= f32::MIN_POSITIVE,
+        optimizer,
+        format!(
+            "eps must be a normal positive number (TensorFlow flushes subnormals to 0), got {eps}"
+        ),
+    )
+}
+
+/// Checks a decay rate (a beta, a rho): in `[0, 1)`.
+pub(crate) fn check_decay(optimizer: &str, what: &str, decay: f32) -> Result<()> {
+    check(
+        (0.0..1.0).contains(&decay),
+        optimizer,
+        format!("{what} must be in [0, 1), got {decay}"),
+    )
+}
+
 /// The checks every learning rate gets: finite and not negative.
 pub(crate) fn check_lr(optimizer: &str, lr: f32) -> Result<()> {
     check(

@@ -14,7 +14,7 @@
 //! units in the last place there.
 
 use crate::lanes::{update_row, Lane, LaneKernel};
-use crate::optimizer::{check, check_lr, Rule, Sparse};
+use crate::optimizer::{check_decay, check_eps, check_lr, Rule, Sparse};
 use dynemb::Result;
 use serde::{Deserialize, Serialize};
 
@@ -72,19 +72,8 @@ impl Rule for ParamsAdadelta {
 
     fn validate(&self) -> Result<()> {
         check_lr(Self::NAME, self.lr)?;
-        check(
-            (0.0..1.0).contains(&self.rho),
-            Self::NAME,
-            format!("rho must be in [0, 1), got {}", self.rho),
-        )?;
-        check(
-            self.eps.is_finite() && self.eps >= f32::MIN_POSITIVE,
-            Self::NAME,
-            format!(
-                "eps must be a normal positive number (TensorFlow flushes subnormals to 0), got {}",
-                self.eps
-            ),
-        )
+        check_decay(Self::NAME, "rho", self.rho)?;
+        check_eps(Self::NAME, self.eps)
     }
     fn lr(&self) -> f32 {
         self.lr

@@ -7,7 +7,7 @@
 //! ```
 
 use crate::lanes::{update_row, Lane, LaneKernel};
-use crate::optimizer::{check, check_lr, Rule, Sparse};
+use crate::optimizer::{check, check_eps, check_lr, Rule, Sparse};
 use dynemb::Result;
 use serde::{Deserialize, Serialize};
 
@@ -65,14 +65,7 @@ impl Rule for ParamsAdagrad {
                 self.initial_accumulator_value
             ),
         )?;
-        check(
-            self.eps.is_finite() && self.eps >= f32::MIN_POSITIVE,
-            Self::NAME,
-            format!(
-                "eps must be a normal positive number (TensorFlow flushes subnormals to 0), got {}",
-                self.eps
-            ),
-        )
+        check_eps(Self::NAME, self.eps)
     }
     fn lr(&self) -> f32 {
         self.lr

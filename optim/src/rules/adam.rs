@@ -9,7 +9,7 @@
 //! ```
 
 use crate::lanes::{update_row, Lane, LaneKernel};
-use crate::optimizer::{check, check_lr, Rule, Sparse};
+use crate::optimizer::{check_decay, check_eps, check_lr, Rule, Sparse};
 use dynemb::Result;
 use serde::{Deserialize, Serialize};
 
@@ -48,20 +48,9 @@ pub type SparseAdam = Sparse<ParamsAdam>;
 /// Checks `beta1`, `beta2` (in `[0, 1)`) and `eps` (> 0), shared by the
 /// Adam family.
 pub(crate) fn check_moments(optimizer: &str, beta1: f32, beta2: f32, eps: f32) -> Result<()> {
-    for (name, beta) in [("beta1", beta1), ("beta2", beta2)] {
-        check(
-            (0.0..1.0).contains(&beta),
-            optimizer,
-            format!("{name} must be in [0, 1), got {beta}"),
-        )?;
-    }
-    check(
-        eps.is_finite() && eps >= f32::MIN_POSITIVE,
-        optimizer,
-        format!(
-            "eps must be a normal positive number (TensorFlow flushes subnormals to 0), got {eps}"
-        ),
-    )
+    check_decay(optimizer, "beta1", beta1)?;
+    check_decay(optimizer, "beta2", beta2)?;
+    check_eps(optimizer, eps)
 }
 
 /// `beta ^ t` in `f32`, as TensorFlow computes the bias corrections.
