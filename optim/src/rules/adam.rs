@@ -53,6 +53,15 @@ pub(crate) fn check_moments(optimizer: &str, beta1: f32, beta2: f32, eps: f32) -
     check_eps(optimizer, eps)
 }
 
+/// The Adam family's slots: `m`, `v`, and `vhat` with AMSGrad, from 0.
+pub(crate) fn adam_slots(amsgrad: bool) -> Vec<(&'static str, f32)> {
+    let mut slots = vec![("m", 0.0), ("v", 0.0)];
+    if amsgrad {
+        slots.push(("vhat", 0.0));
+    }
+    slots
+}
+
 /// `beta ^ t` in `f32`, as TensorFlow computes the bias corrections.
 pub(crate) fn power(beta: f32, t: u64) -> f32 {
     beta.powf(t as f32)
@@ -106,11 +115,7 @@ impl Rule for ParamsAdam {
         self.lr = lr;
     }
     fn slots(&self) -> Vec<(&'static str, f32)> {
-        let mut slots = vec![("m", 0.0), ("v", 0.0)];
-        if self.amsgrad {
-            slots.push(("vhat", 0.0));
-        }
-        slots
+        adam_slots(self.amsgrad)
     }
     fn prepare(&self, t: u64, lr: f32) -> AdamStep {
         let correction = (1.0 - power(self.beta2, t)).sqrt() / (1.0 - power(self.beta1, t));

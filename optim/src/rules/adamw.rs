@@ -11,7 +11,7 @@
 //! w -= (m * alpha) / (sqrt(v) + eps)
 //! ```
 
-use super::adam::{check_moments, power};
+use super::adam::{adam_slots, check_moments, power};
 use crate::lanes::{update_row, Lane, LaneKernel};
 use crate::optimizer::{check, check_lr, Rule, Sparse};
 use dynemb::Result;
@@ -121,11 +121,7 @@ impl Rule for ParamsAdamW {
         self.lr = lr;
     }
     fn slots(&self) -> Vec<(&'static str, f32)> {
-        let mut slots = vec![("m", 0.0), ("v", 0.0)];
-        if self.amsgrad {
-            slots.push(("vhat", 0.0));
-        }
-        slots
+        adam_slots(self.amsgrad)
     }
     fn prepare(&self, t: u64, lr: f32) -> AdamWStep {
         AdamWStep {
