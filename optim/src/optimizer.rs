@@ -458,6 +458,11 @@ impl<R: Rule> Step<R> {
         self.lr
     }
 
+    /// The hyperparameters this step was begun with.
+    pub fn params(&self) -> &R {
+        &self.params
+    }
+
     /// Applies this step to one store (see the [module docs](self)).
     pub fn apply<S: EmbeddingStore>(
         &self,

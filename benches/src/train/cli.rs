@@ -20,12 +20,11 @@ usage: train [--quick] [--steps N] [--warmup W] [--threads T] [--models M[,M..]]
   --quick         2 warm-up and 3 timed steps per run (CI)
   --steps N       timed steps per run (default 50; --quick: 3)
   --warmup W      untimed steps before them (default 10; --quick: 2)
-  --threads T     threads of candle's CPU kernels (default 2); dynemb's calls run on the
-                  training loop's thread
+  --threads T     threads of candle's CPU kernels and rayon's pool (default 2), which also
+                  runs dynemb-candle's lookup_or_insert and optimizer apply
   --models M,..   which models to run, in this order (default all): linear (dynemb +
-                  Linear: layer API, staged, staged and threaded), hashed (candle-nn
-                  Embedding of 1M rows + Linear), mlp (dynemb + MLP 256-128-1: layer API,
-                  staged, staged and threaded)
+                  Linear: layer API, staged), hashed (candle-nn Embedding of 1M rows +
+                  Linear), mlp (dynemb + MLP 256-128-1: layer API, staged)
   --json FILE     also write every figure as JSON to FILE
   --glibc-malloc  keep glibc's default malloc settings (default: re-run with GLIBC_TUNABLES
                   that keep freed memory in the process, unless GLIBC_TUNABLES is set)
@@ -64,7 +63,7 @@ pub enum TrainCommand {
 /// The runs a `--models` name stands for.
 fn runs_of(name: &str) -> Option<Vec<ModelSpec>> {
     let dynemb = |head| {
-        [Way::LayerApi, Way::Staged, Way::Threaded]
+        [Way::LayerApi, Way::Staged]
             .map(|way| ModelSpec::Dynemb { head, way })
             .to_vec()
     };
@@ -161,7 +160,7 @@ mod tests {
     fn defaults_quick_and_overrides() {
         let o = options(&[]);
         assert_eq!((o.steps.warmup, o.steps.timed, o.threads), (10, 50, 2));
-        assert_eq!(o.models.len(), 7, "linear x3, hashed, mlp x3");
+        assert_eq!(o.models.len(), 5, "linear x2, hashed, mlp x2");
         let o = options(&["--quick", "--steps", "7", "--threads", "1"]);
         assert_eq!((o.steps.warmup, o.steps.timed, o.threads), (2, 7, 1));
         assert!(!o.glibc_malloc);
@@ -174,7 +173,7 @@ mod tests {
         ]);
         assert!(o.glibc_malloc);
         assert_eq!(options(&["--run-only", "2"]).run_only, Some(2));
-        assert_eq!(o.models.len(), 4);
+        assert_eq!(o.models.len(), 3);
         assert_eq!(
             o.models[0],
             ModelSpec::Hashed {

@@ -3,7 +3,7 @@
 //! Adam (`dynemb_optim::SparseAdam` through `SparseStep`) for the table and
 //! candle-nn's `AdamW` for the head.
 //!
-//! A step runs one of three ways ([`Way`]):
+//! A step runs one of two ways ([`Way`]):
 //! - [`Way::LayerApi`]: what a user writes: `Embedding::forward_train`, the
 //!   head, the loss, `SparseStep::backward_step` (backward, `AdamW`, sparse
 //!   step). Only the whole step is timed.
@@ -14,10 +14,9 @@
 //!   layer's `gather_grads` and `SparseGrads::check`; `AdamW::step`;
 //!   `begin_step`, `SparseGrads::apply` and `discard_batches`. These are the
 //!   calls `forward_train` and `SparseStep::backward_step` make, in their
-//!   order, each buffer living as long as it does there.
-//! - [`Way::Threaded`]: staged, with `lookup_or_insert` and the optimizer's
-//!   apply split over threads ([`crate::train::threaded`]): how much a
-//!   harness gains by spreading the embedding path's two big calls.
+//!   order, each buffer living as long as it does there (so
+//!   `lookup_or_insert` and the apply are split over rayon's threads as
+//!   in the layer's calls: `dynemb_candle::parallel`).
 //!
 //! Ids enter the layer as a flat `[batch * FIELDS]` tensor (a view of the
 //! batch's ids, no copy), so the gathered rows are `[batch * FIELDS, DIM]`
@@ -25,21 +24,18 @@
 
 use std::sync::Arc;
 
-use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{AdamW, Module, Optimizer, VarBuilder, VarMap};
 use dynemb::{Initializer, Variable};
-use dynemb_candle::rows::with_f32_values;
 use dynemb_candle::{
-    Dedup, Embedding, EmbeddingConfig, Ids, Recorder, SparseGrads, SparseModule, SparseStep,
+    Dedup, Embedding, EmbeddingConfig, Ids, SparseGrads, SparseModule, SparseStep,
 };
-use dynemb_optim::{ParamsAdam, SparseAdam, Step};
+use dynemb_optim::{ParamsAdam, SparseAdam};
 use serde::{Deserialize, Serialize};
 
 use crate::train::data::{Batch, FIELDS};
 use crate::train::head::{Head, HeadKind};
 use crate::train::stages::{Laps, Stage};
-use crate::train::threaded;
 use crate::train::{dense_adam, Result, TrainModel, DIM, EMBEDDING_STDDEV, SEED};
 
 /// How a dynemb step is run; see the [module docs](self).
@@ -50,9 +46,6 @@ pub enum Way {
     LayerApi,
     /// The same calls one by one, each stage timed.
     Staged,
-    /// Staged, with `lookup_or_insert` and the optimizer's apply split over
-    /// the pool's threads ([`crate::train::threaded`]).
-    Threaded,
 }
 
 /// A dynemb model; see the [module docs](self).
@@ -124,11 +117,7 @@ impl DynembModel {
         let (keys, inverse) = self.dedup.unique(ids.keys())?.into_parts();
         laps.lap(Stage::Dedup);
         let recorder = self.embedding.recorder();
-        let rows = if self.way == Way::Threaded {
-            threaded::lookup_or_insert(&**recorder.store(), &keys)?
-        } else {
-            recorder.read(&keys, &self.device)?
-        };
+        let rows = recorder.read(&keys, &self.device)?;
         laps.lap(Stage::Lookup);
         let positions = inverse.len();
         let inverse = Tensor::from_vec(inverse, positions, &self.device)?;
@@ -157,11 +146,7 @@ impl DynembModel {
         self.dense.step(&grads)?;
         laps.lap(Stage::DenseOptimizer);
         let step = optimizer.begin_step()?;
-        let applied = if self.way == Way::Threaded {
-            apply_threaded(&step, self.embedding.recorder(), &grads)
-        } else {
-            sparse.apply(&step).map_err(Into::into)
-        };
+        let applied = sparse.apply(&step);
         self.embedding.discard_batches();
         applied?;
         laps.lap(Stage::SparseApply);
@@ -169,30 +154,11 @@ impl DynembModel {
     }
 }
 
-/// Applies `step` to every batch `recorder` holds, with its gradient in
-/// `grads`, each split over the pool's threads.
-fn apply_threaded(
-    step: &Step<ParamsAdam>,
-    recorder: &Recorder<Variable<i64>>,
-    grads: &GradStore,
-) -> Result<()> {
-    let store = &**recorder.store();
-    for batch in recorder.recorded() {
-        let grad = grads
-            .get(batch.rows().as_tensor())
-            .ok_or("no gradient for the recorded rows")?;
-        with_f32_values(grad, |values| {
-            Ok(threaded::apply(step, store, batch.keys(), values)?)
-        })?;
-    }
-    Ok(())
-}
-
 impl TrainModel for DynembModel {
     fn step(&mut self, batch: &Batch, laps: &mut Laps) -> Result<f32> {
         match self.way {
             Way::LayerApi => self.step_layer_api(batch, laps),
-            Way::Staged | Way::Threaded => self.step_staged(batch, laps),
+            Way::Staged => self.step_staged(batch, laps),
         }
     }
 

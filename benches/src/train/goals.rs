@@ -2,11 +2,9 @@
 //! measured runs. Every verdict comes from the numbers of this run; a
 //! target whose model was not run is "not measured".
 //!
-//! Each target is checked twice: on the library as a user calls it (the
-//! layer-API runs for samples/s; the staged run, which does the same calls,
-//! for the embedding path's share) and on the threaded runs (the same
-//! model with the embedding path's two big calls spread over threads by
-//! the harness). TFRA's figures (0.8.1, this 2-core machine) are the
+//! Each target is checked on the library as a user calls it: the
+//! layer-API runs for samples/s, the staged run (which makes the same
+//! calls) for the embedding path's share. TFRA's figures (0.8.1, this 2-core machine) are the
 //! issue's, shown for reference, not measured here.
 
 use serde::Serialize;
@@ -46,8 +44,6 @@ pub struct Goal {
     pub name: String,
     /// The measured value on the library as a user calls it, if measured.
     pub measured: Option<f64>,
-    /// The measured value with the threaded embedding path, if measured.
-    pub threaded: Option<f64>,
     /// The goal.
     pub goal: f64,
     /// True if the measured value must be at most the goal (else at least).
@@ -58,32 +54,27 @@ pub struct Goal {
     pub tfra: Option<f64>,
     /// Whether `measured` meets the goal; `None` if not measured.
     pub met: Option<bool>,
-    /// Whether `threaded` meets the goal; `None` if not measured.
-    pub met_threaded: Option<bool>,
 }
 
 impl Goal {
     fn new(
         name: &str,
-        (measured, threaded): (Option<f64>, Option<f64>),
+        measured: Option<f64>,
         (at_most, goal): (bool, f64),
         unit: GoalUnit,
         tfra: Option<f64>,
     ) -> Self {
-        let meets = |v: Option<f64>| {
-            v.filter(|v| !v.is_nan())
-                .map(|v| if at_most { v <= goal } else { v >= goal })
-        };
+        let met = measured
+            .filter(|v| !v.is_nan())
+            .map(|v| if at_most { v <= goal } else { v >= goal });
         Goal {
             name: name.to_owned(),
             measured,
-            threaded,
             goal,
             at_most,
             unit,
             tfra,
-            met: meets(measured),
-            met_threaded: meets(threaded),
+            met,
         }
     }
 }
@@ -97,7 +88,7 @@ fn find(runs: &[ModelRun], model: ModelSpec) -> Option<&ModelRun> {
 pub fn check(runs: &[ModelRun]) -> Vec<Goal> {
     let run = |head, way| find(runs, ModelSpec::Dynemb { head, way });
     let samples = |head, way| run(head, way).map(|r| r.samples_per_second);
-    let path = |way| run(HeadKind::Mlp, way).and_then(|r| r.summary.embedding_path_share());
+    let path = |head| run(head, Way::Staged).and_then(|r| r.summary.embedding_path_share());
     let hashed = find(
         runs,
         ModelSpec::Hashed {
@@ -105,10 +96,7 @@ pub fn check(runs: &[ModelRun]) -> Vec<Goal> {
         },
     )
     .map(|r| r.samples_per_second);
-    let linear = (
-        samples(HeadKind::Linear, Way::LayerApi),
-        samples(HeadKind::Linear, Way::Threaded),
-    );
+    let linear = samples(HeadKind::Linear, Way::LayerApi);
     let over_hashed = |v: Option<f64>| v.zip(hashed).map(|(d, h)| d / h);
     vec![
         Goal::new(
@@ -120,24 +108,21 @@ pub fn check(runs: &[ModelRun]) -> Vec<Goal> {
         ),
         Goal::new(
             "embedding-bound: dynemb / candle-nn 1M hashed + AdamW",
-            (over_hashed(linear.0), over_hashed(linear.1)),
+            over_hashed(linear),
             (false, 10.0),
             GoalUnit::Ratio,
             None,
         ),
         Goal::new(
             "CTR MLP 256-128-1 (dynemb): samples/s",
-            (
-                samples(HeadKind::Mlp, Way::LayerApi),
-                samples(HeadKind::Mlp, Way::Threaded),
-            ),
+            samples(HeadKind::Mlp, Way::LayerApi),
             (false, 72e3),
             GoalUnit::SamplesPerSecond,
             Some(47.8e3),
         ),
         Goal::new(
             "CTR MLP: embedding path share of the step",
-            (path(Way::Staged), path(Way::Threaded)),
+            path(HeadKind::Mlp),
             (true, 0.2),
             GoalUnit::Share,
             None,
@@ -174,19 +159,13 @@ mod tests {
         let hashed = ModelSpec::Hashed {
             head: HeadKind::Linear,
         };
-        let threaded = ModelSpec::Dynemb {
-            head: HeadKind::Linear,
-            way: Way::Threaded,
-        };
-        let goals = check(&[run(linear, 400e3), run(hashed, 50e3), run(threaded, 600e3)]);
+        let goals = check(&[run(linear, 400e3), run(hashed, 50e3)]);
         assert_eq!(goals[0].measured, Some(400e3));
         assert_eq!(goals[0].met, Some(true));
         assert_eq!(goals[1].measured, Some(8.0));
         assert_eq!(goals[1].met, Some(false));
-        assert_eq!(goals[1].threaded, Some(12.0));
-        assert_eq!(goals[1].met_threaded, Some(true));
         assert_eq!(goals[2].met, None, "the MLP did not run");
-        assert_eq!(goals[3].met_threaded, None);
+        assert_eq!(goals[3].measured, None);
         assert_eq!(GoalUnit::Share.format(0.125), "12.5%");
         assert_eq!(GoalUnit::SamplesPerSecond.format(47_800.0), "47.8k/s");
     }

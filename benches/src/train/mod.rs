@@ -20,10 +20,9 @@
 //!   `AdamW` over every parameter ([`hashed_model`]);
 //! - **dynemb, MLP**: the dynemb table with the CTR tower 256-128-1.
 //!
-//! Each dynemb model runs three ways, each time from an empty table on the
-//! same batches: through the layer's API (the samples/s figures), taken
-//! apart at its public seams (the stage shares), and taken apart with the
-//! two big calls spread over threads; see [`dynemb_model`]. Every run is
+//! Each dynemb model runs two ways, each time from an empty table on the
+//! same batches: through the layer's API (the samples/s figures) and taken
+//! apart at its public seams (the stage shares); see [`dynemb_model`]. Every run is
 //! in a process of its own, after an untimed priming run ([`isolate`]).
 //! Each run does warm-up steps, then timed steps; the step time is the
 //! median, the stage shares are shares of the mean step ([`stages`]).
@@ -31,15 +30,16 @@
 //! Threads: `--threads T` sets `RAYON_NUM_THREADS` and
 //! `CANDLE_NUM_THREADS` before candle or rayon start, so candle's matrix
 //! products (rayon) and element-wise kernels (candle's own pool) use T
-//! threads. dynemb's calls (dedup, `lookup_or_insert`, the optimizer's
-//! apply) run on the thread that calls them, the training loop's.
+//! threads. dynemb-candle splits its two big store calls
+//! (`lookup_or_insert` and the optimizer's apply) over rayon's pool
+//! (`dynemb_candle::parallel`); the dedup and the gather run on the
+//! training loop's thread.
 //!
 //! Allocator: the binary runs with glibc tunables that keep freed memory in
 //! the process ([`malloc`]; `--glibc-malloc` keeps glibc's defaults).
 //!
 //! Modules: [`data`] (the workload), [`head`] (the dense part),
-//! [`dynemb_model`] and [`hashed_model`] (the models), [`threaded`] (the
-//! embedding path over threads), [`stages`] (step
+//! [`dynemb_model`] and [`hashed_model`] (the models), [`stages`] (step
 //! stages and their timing), [`run`] (running a model), [`goals`] (the
 //! issue's targets), [`report`] (tables and JSON), [`malloc`] (the
 //! allocator's settings), [`isolate`] (a process per run), [`cli`]
@@ -56,7 +56,6 @@ pub mod malloc;
 pub mod report;
 pub mod run;
 pub mod stages;
-pub mod threaded;
 
 use candle_nn::ParamsAdamW;
 use serde::{Deserialize, Serialize};
@@ -156,9 +155,6 @@ impl ModelSpec {
             ModelSpec::Dynemb {
                 way: Way::Staged, ..
             } => "staged",
-            ModelSpec::Dynemb {
-                way: Way::Threaded, ..
-            } => "staged, threaded",
             ModelSpec::Hashed { .. } => "staged",
         }
     }

@@ -118,14 +118,13 @@ impl TrainReport {
         );
         out.push_str(
             "\n### targets (measured: the library as a user calls it, layer API; the share: \
-             the staged run. threaded: the harness spreads lookup_or_insert and the \
-             optimizer's apply over the threads)\n\n",
+             the staged run)\n\n",
         );
         out.push_str(&goals_table(&self.goals));
         let _ = writeln!(
             out,
-            "\nthreads: --threads {} (candle kernels: {}, rayon pool: {}; dynemb's calls run on \
-             the training loop's thread); malloc: {}; {} CPUs, transparent huge pages: {}; {} \
+            "\nthreads: --threads {} (candle kernels: {}, rayon pool: {}, which also runs \
+             dynemb-candle's lookup_or_insert and apply); malloc: {}; {} CPUs, transparent huge pages: {}; {} \
              batches generated in {:.1} s; wall time {:.0} s",
             s.threads,
             s.candle_threads,
@@ -217,16 +216,7 @@ impl TrainReport {
 }
 
 fn goals_table(goals: &[Goal]) -> String {
-    let header = [
-        "target",
-        "measured",
-        "met",
-        "threaded",
-        "met",
-        "goal",
-        "TFRA 0.8.1",
-    ]
-    .map(String::from);
+    let header = ["target", "measured", "met", "goal", "TFRA 0.8.1"].map(String::from);
     let verdict = |met: Option<bool>| match met {
         Some(true) => "yes".to_owned(),
         Some(false) => "NO".to_owned(),
@@ -240,8 +230,6 @@ fn goals_table(goals: &[Goal]) -> String {
                 g.name.clone(),
                 value(g.measured),
                 verdict(g.met),
-                value(g.threaded),
-                verdict(g.met_threaded),
                 format!(
                     "{} {}",
                     if g.at_most { "<=" } else { ">=" },

@@ -9,11 +9,11 @@
 //!
 //! Each lap also takes the CPU time the stepping thread used meanwhile
 //! (`CLOCK_THREAD_CPUTIME_ID`). For a stage that runs on that thread alone
-//! (dynemb's calls, unless threaded) it is the stage's work without the
-//! time other processes took the CPU away: the figure to compare across
-//! runs on a busy machine. For stages that hand work to thread pools
-//! (candle's kernels, the threaded calls) it counts only this thread's
-//! share.
+//! (the dedup, the gather) it is the stage's work without the time other
+//! processes took the CPU away: the figure to compare across runs on a
+//! busy machine. For stages that hand work to thread pools (candle's
+//! kernels, dynemb-candle's split `lookup_or_insert` and apply) it counts
+//! only this thread's share.
 
 use std::time::{Duration, Instant};
 

@@ -21,6 +21,9 @@
 //!   as one optimizer step over every table the model read (layers sharing
 //!   a table train it with their summed gradient), beside candle-nn's
 //!   dense optimizer ([`SparseStep::backward_step`]).
+//! - **Threads** ([`parallel`]): a large batch's store reads and its
+//!   optimizer update are split over rayon's pool, the threads candle's
+//!   CPU kernels run on, with the same results as one call.
 //!
 //! The layers are generic over [`dynemb::EmbeddingStore`], so they train a
 //! local `Variable` and any other store alike. Every function checks its
@@ -52,6 +55,7 @@ pub use sparse_ids::{RowRanges, SparseIds};
 pub mod embedding;
 pub mod embedding_bag;
 pub mod max_norm;
+pub mod parallel;
 pub mod record;
 pub mod regularizer;
 pub mod rows;

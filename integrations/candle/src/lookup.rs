@@ -84,7 +84,7 @@ use crate::pool::Pooling;
 use crate::rows::{reserved, zeroed};
 use crate::sparse_ids::{RowGroups, RowRanges};
 use crate::unique::Dedup;
-use crate::{Combiner, Error, IdKey, Ids, Result, SparseIds};
+use crate::{parallel, Combiner, Error, IdKey, Ids, Result, SparseIds};
 
 /// TFRA's `embedding_lookup(params, ids, max_norm)`: the rows of `ids` (a
 /// slice, or [`Ids`] of any rank), clipped to `max_norm` if given, as a
@@ -301,7 +301,7 @@ fn read_rows<S: EmbeddingStore>(
     max_norm: Option<f32>,
 ) -> Result<Vec<f32>> {
     let mut rows = zeroed(keys.len(), dim)?;
-    store.lookup(keys, &mut rows)?;
+    parallel::lookup(store, keys, &mut rows)?;
     if let Some(max_norm) = max_norm {
         clip_rows(&mut rows, dim, max_norm);
     }

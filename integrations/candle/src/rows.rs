@@ -18,7 +18,7 @@ use candle_core::op::BackpropOp;
 use candle_core::{CpuStorage, DType, Device, Storage, Tensor, Var};
 use dynemb::EmbeddingStore;
 
-use crate::{Error, Result};
+use crate::{parallel, Error, Result};
 
 /// An empty buffer with room for `rows * dim` values; an error instead of
 /// an abort when that is more than can be had.
@@ -52,22 +52,24 @@ pub(crate) fn zeroed(rows: usize, dim: usize) -> Result<Vec<f32>> {
 }
 
 /// The rows of `keys` as a tensor `[keys.len(), dim]` on `device`, read
-/// with [`EmbeddingStore::lookup`]: a missing key reads the initializer's
+/// with [`EmbeddingStore::lookup`] (split over rayon's threads for large
+/// batches: [`parallel::lookup`]): a missing key reads the initializer's
 /// row and nothing is inserted.
 pub fn read_rows<S: EmbeddingStore>(store: &S, keys: &[S::Key], device: &Device) -> Result<Tensor> {
     let dim = store.dim();
     let mut values = zeroed(keys.len(), dim)?;
-    store.lookup(keys, &mut values)?;
+    parallel::lookup(store, keys, &mut values)?;
     Ok(Tensor::from_vec(values, (keys.len(), dim), device)?)
 }
 
 /// The rows of `keys` as a fresh variable `[keys.len(), dim]` on `device`,
-/// read with [`EmbeddingStore::lookup_or_insert`]: a missing key is
-/// inserted with the initializer's row (the training read).
+/// read with [`EmbeddingStore::lookup_or_insert`] (split over rayon's
+/// threads for large batches: [`parallel::lookup_or_insert`]): a missing
+/// key is inserted with the initializer's row (the training read).
 pub fn train_rows<S: EmbeddingStore>(store: &S, keys: &[S::Key], device: &Device) -> Result<Var> {
     let dim = store.dim();
     let mut values = zeroed(keys.len(), dim)?;
-    store.lookup_or_insert(keys, &mut values)?;
+    parallel::lookup_or_insert(store, keys, &mut values)?;
     let shape = (keys.len(), dim);
     let tensor = match device {
         Device::Cpu => Tensor::from_storage(

@@ -14,7 +14,9 @@
 //!    advances once, whatever the number of stores and their key types)
 //!    and applies it to each store once, with the keys and gradients of
 //!    every batch that read it concatenated ([`Step::apply`] sums repeated
-//!    keys, so two layers sharing a store train it as one gradient would);
+//!    keys, so two layers sharing a store train it as one gradient would;
+//!    a large batch is split over rayon's threads by
+//!    [`parallel::apply`](crate::parallel::apply), which sums them first);
 //! 4. drops the modules' batches it gathered (a batch recorded meanwhile,
 //!    by another thread's forward, stays for the next step).
 //!
@@ -52,6 +54,7 @@ use candle_core::{Tensor, TensorId, Var};
 use dynemb::EmbeddingStore;
 use dynemb_optim::{check_step, Rule, Sparse, Step};
 
+use crate::parallel;
 use crate::rows::with_f32_values;
 use crate::{Error, Result};
 
@@ -111,7 +114,7 @@ impl<S: EmbeddingStore + 'static, R: Rule> PendingStore<R> for StoreGrads<S> {
     fn apply(&self, step: &Step<R>) -> Result<()> {
         let store = &*self.store;
         if let [(keys, grad)] = self.parts.as_slice() {
-            return with_f32_values(grad, |grads| Ok(step.apply(store, keys, grads)?));
+            return with_f32_values(grad, |grads| Ok(parallel::apply(step, store, keys, grads)?));
         }
         let rows = PendingStore::<R>::rows(self);
         let mut keys = Vec::with_capacity(rows);
@@ -123,7 +126,7 @@ impl<S: EmbeddingStore + 'static, R: Rule> PendingStore<R> for StoreGrads<S> {
                 Ok(())
             })?;
         }
-        Ok(step.apply(store, &keys, &grads)?)
+        Ok(parallel::apply(step, store, &keys, &grads)?)
     }
 }
 

@@ -1,0 +1,300 @@
+//! The embedding path's store calls spread over candle's CPU threads.
+//!
+//! candle runs its CPU kernels on rayon's threads (as many as
+//! `RAYON_NUM_THREADS`, else the physical cores); a training step's own
+//! store calls ran on the caller's thread alone, so during the two largest
+//! (reading a batch's distinct rows with `lookup_or_insert`, and the
+//! optimizer's update of them) the other cores idled. Here a batch of at
+//! least [`MIN_KEYS_PER_CHUNK`] keys per thread is cut into one chunk per
+//! thread of rayon's global pool and each chunk is one store call on its
+//! own thread; smaller batches, or a pool of one thread, stay one call on
+//! the caller's thread.
+//!
+//! Invariants that keep a split call equal to one call:
+//! - reads ([`lookup`], [`lookup_or_insert`]) write disjoint parts of the
+//!   output, and a key's row is its initializer's row whichever thread
+//!   inserts it, so the output is the same bits;
+//! - an optimizer update ([`apply`]) first sums repeated keys over the whole
+//!   batch (the store's update of a key must run once per step), then the
+//!   chunks hold distinct keys and update disjoint rows, so each row gets
+//!   exactly the update the unsplit call gives it (same sums, same order);
+//! - input is checked for the whole batch before any chunk runs (lengths,
+//!   and for an update every gradient finite and the slots compatible), so
+//!   bad input is an error that changes nothing, as for one call;
+//! - when chunks fail (a store's own error, such as running out of
+//!   capacity), the other chunks have run, as the keys before a failing key
+//!   of one call have; the error of the first failing chunk is returned,
+//!   with its position in the caller's batch.
+//!
+//! Where the rows are inserted (row ids, hence export order) depends on
+//! the threads' timing; their values do not.
+
+use dynemb::{EmbeddingStore, Error};
+use dynemb_optim::dedup::Dedup;
+use dynemb_optim::{check_step, Rule, Step};
+use rayon::prelude::*;
+
+/// Fewest keys a thread is handed: below two chunks of this a call stays
+/// on its caller's thread (a hand-off costs tens of microseconds, a key a
+/// few hundred nanoseconds).
+pub const MIN_KEYS_PER_CHUNK: usize = 4096;
+
+/// Keys per chunk for a batch of `keys` keys, or `None` to make one call.
+fn chunk_len(keys: usize) -> Option<usize> {
+    let chunks = rayon::current_num_threads().min(keys / MIN_KEYS_PER_CHUNK);
+    (chunks >= 2).then(|| keys.div_ceil(chunks))
+}
+
+/// An error unless `len` values are `rows` rows of `dim`.
+fn check_len(what: &'static str, len: usize, rows: usize, dim: usize) -> dynemb::Result<()> {
+    let expected = rows
+        .checked_mul(dim)
+        .ok_or_else(|| Error::InvalidArgument(format!("{rows} rows of {dim} values overflow")))?;
+    if len != expected {
+        return Err(Error::LengthMismatch {
+            what,
+            expected,
+            actual: len,
+        });
+    }
+    Ok(())
+}
+
+/// Runs `call(first, keys, out)` on every chunk of `keys` (`first`: the
+/// chunk's first position) with its rows of `out`, on rayon's threads; the
+/// first failing chunk's error.
+fn split_rows<K: Sync>(
+    keys: &[K],
+    out: &mut [f32],
+    dim: usize,
+    chunk: usize,
+    call: impl Fn(&[K], &mut [f32]) -> dynemb::Result<()> + Sync,
+) -> dynemb::Result<()> {
+    let results: Vec<dynemb::Result<()>> = keys
+        .par_chunks(chunk)
+        .zip(out.par_chunks_mut(chunk * dim))
+        .map(|(keys, out)| call(keys, out))
+        .collect();
+    results.into_iter().collect()
+}
+
+/// [`EmbeddingStore::lookup`], split over rayon's threads (see the
+/// [module docs](self)): copies the rows of `keys` into `out`, inserting
+/// nothing.
+pub fn lookup<S: EmbeddingStore>(
+    store: &S,
+    keys: &[S::Key],
+    out: &mut [f32],
+) -> dynemb::Result<()> {
+    let dim = store.dim();
+    match chunk_len(keys.len()) {
+        Some(chunk) if dim > 0 => {
+            check_len("out", out.len(), keys.len(), dim)?;
+            split_rows(keys, out, dim, chunk, |keys, out| store.lookup(keys, out))
+        }
+        _ => store.lookup(keys, out),
+    }
+}
+
+/// [`EmbeddingStore::lookup_or_insert`], split over rayon's threads (see
+/// the [module docs](self)): copies the rows of `keys` into `out`,
+/// inserting missing keys with the initializer's row.
+pub fn lookup_or_insert<S: EmbeddingStore>(
+    store: &S,
+    keys: &[S::Key],
+    out: &mut [f32],
+) -> dynemb::Result<()> {
+    let dim = store.dim();
+    match chunk_len(keys.len()) {
+        Some(chunk) if dim > 0 => {
+            check_len("out", out.len(), keys.len(), dim)?;
+            split_rows(keys, out, dim, chunk, |keys, out| {
+                store.lookup_or_insert(keys, out)
+            })
+        }
+        _ => store.lookup_or_insert(keys, out),
+    }
+}
+
+/// [`Step::apply`], split over rayon's threads (see the
+/// [module docs](self)): one optimizer step on the rows of `keys` with
+/// their gradient rows `grads` (`keys.len() * dim` values; a key repeated
+/// takes its summed gradient, once).
+pub fn apply<S: EmbeddingStore, R: Rule>(
+    step: &Step<R>,
+    store: &S,
+    keys: &[S::Key],
+    grads: &[f32],
+) -> dynemb::Result<()> {
+    let dim = store.dim();
+    if dim == 0 || chunk_len(keys.len()).is_none() {
+        return step.apply(store, keys, grads);
+    }
+    check_step(step.params(), store, keys, grads)?;
+    Dedup::with_thread_local(|scratch| {
+        let batch = scratch.run(keys, grads, dim)?;
+        let Some(chunk) = chunk_len(batch.keys.len()) else {
+            return step.apply(store, &batch.keys, batch.grads);
+        };
+        let results: Vec<dynemb::Result<()>> = batch
+            .keys
+            .par_chunks(chunk)
+            .zip(batch.grads.par_chunks(chunk * dim))
+            .enumerate()
+            .map(|(c, (keys, grads))| {
+                step.apply(store, keys, grads).map_err(|e| match e {
+                    // Name the key by its position in the caller's batch.
+                    Error::NonFinite { what, index, value } => Error::NonFinite {
+                        what,
+                        index: batch.first(c * chunk + index),
+                        value,
+                    },
+                    e => e,
+                })
+            })
+            .collect();
+        results.into_iter().collect()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dynemb::{Initializer, Variable};
+    use dynemb_optim::{ParamsAdam, ParamsSgd, SparseAdam, SparseOptimizer, SparseSgd};
+
+    fn table(name: &str) -> Variable<i64> {
+        Variable::builder(name)
+            .dim(4)
+            .initializer(Initializer::RandomNormal {
+                mean: 0.0,
+                stddev: 1.0,
+                seed: 3,
+            })
+            .build()
+            .unwrap()
+    }
+
+    fn pool(threads: usize) -> rayon::ThreadPool {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+    }
+
+    fn rows(var: &Variable<i64>, keys: &[i64]) -> Vec<f32> {
+        let mut out = vec![0.0; keys.len() * var.dim()];
+        var.lookup(keys, &mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn small_batches_and_single_threads_make_one_call() {
+        assert_eq!(chunk_len(MIN_KEYS_PER_CHUNK * 2 - 1), None);
+        assert_eq!(pool(1).install(|| chunk_len(1 << 20)), None);
+        assert_eq!(
+            pool(3).install(|| chunk_len(3 * MIN_KEYS_PER_CHUNK)),
+            Some(MIN_KEYS_PER_CHUNK)
+        );
+        assert_eq!(
+            pool(3).install(|| chunk_len(2 * MIN_KEYS_PER_CHUNK + 1)),
+            Some(MIN_KEYS_PER_CHUNK + 1)
+        );
+    }
+
+    #[test]
+    fn split_reads_equal_one_call() {
+        let keys: Vec<i64> = (0..20_011).map(|k| k * 7 - 3000).collect();
+        let (split, whole) = (table("split"), table("whole"));
+        let mut got = vec![0.0; keys.len() * 4];
+        pool(3).install(|| lookup(&split, &keys, &mut got)).unwrap();
+        assert_eq!(split.size(), 0, "lookup inserts nothing");
+        pool(3)
+            .install(|| lookup_or_insert(&split, &keys, &mut got))
+            .unwrap();
+        let mut want = vec![0.0; keys.len() * 4];
+        whole.lookup_or_insert(&keys, &mut want).unwrap();
+        assert_eq!(got, want);
+        assert_eq!(split.size(), keys.len());
+        let mut short = vec![0.0; keys.len() * 4 - 1];
+        let err = pool(3).install(|| lookup_or_insert(&split, &keys, &mut short));
+        assert!(matches!(
+            err,
+            Err(Error::LengthMismatch { what: "out", .. })
+        ));
+    }
+
+    #[test]
+    fn split_update_equals_one_call_with_repeats_summed() {
+        // Every key three times, spread over the batch, so a naive split
+        // would update a row in several chunks.
+        let distinct: Vec<i64> = (0..9_001).map(|k| k * 13 - 5000).collect();
+        let keys: Vec<i64> = (0..3).flat_map(|_| distinct.iter().copied()).collect();
+        let grads: Vec<f32> = (0..keys.len() * 4).map(|i| (i % 17) as f32 - 8.0).collect();
+        let (split, whole) = (table("split"), table("whole"));
+        let params = ParamsAdam {
+            lr: 0.1,
+            ..Default::default()
+        };
+        let (a, b) = (
+            SparseAdam::new(params).unwrap(),
+            SparseAdam::new(params).unwrap(),
+        );
+        for _ in 0..2 {
+            let step = a.begin_step().unwrap();
+            pool(3)
+                .install(|| apply(&step, &split, &keys, &grads))
+                .unwrap();
+            b.apply(&whole, &keys, &grads).unwrap();
+        }
+        assert_eq!(rows(&split, &distinct), rows(&whole, &distinct));
+        for name in ["m", "v"] {
+            let slot = |var: &Variable<i64>| {
+                let mut out = vec![0.0; distinct.len() * 4];
+                var.lookup_slot(var.slot_id(name).unwrap(), &distinct, &mut out)
+                    .unwrap();
+                out
+            };
+            assert_eq!(slot(&split), slot(&whole), "slot {name}");
+        }
+    }
+
+    #[test]
+    fn an_overflowing_row_is_named_as_one_call_names_it() {
+        // Key 15000 (in the second chunk) twice; its update overflows.
+        let mut keys: Vec<i64> = (0..20_000).collect();
+        keys.push(15_000);
+        let mut grads = vec![0.0_f32; keys.len() * 4];
+        grads[15_000 * 4] = 1e9;
+        let params = ParamsSgd { lr: 1e30 };
+        let (split, whole) = (table("split"), table("whole"));
+        let a = SparseSgd::new(params).unwrap();
+        let step = a.begin_step().unwrap();
+        let got = pool(2).install(|| apply(&step, &split, &keys, &grads));
+        let want = SparseSgd::new(params).unwrap().apply(&whole, &keys, &grads);
+        assert!(
+            matches!(want, Err(Error::NonFinite { index: 15_000, .. })),
+            "{want:?}"
+        );
+        assert_eq!(format!("{got:?}"), format!("{want:?}"));
+    }
+
+    #[test]
+    fn a_bad_gradient_anywhere_changes_nothing() {
+        let keys: Vec<i64> = (0..20_000).collect();
+        let mut grads = vec![1.0_f32; keys.len() * 4];
+        grads[19_999 * 4 + 2] = f32::NAN;
+        let var = table("bad");
+        let opt = SparseAdam::new(ParamsAdam::default()).unwrap();
+        let step = opt.begin_step().unwrap();
+        let err = pool(2).install(|| apply(&step, &var, &keys, &grads));
+        assert!(
+            matches!(err, Err(Error::NonFinite { index, .. }) if index == 19_999 * 4 + 2),
+            "{err:?}"
+        );
+        assert_eq!(var.size(), 0);
+        let err = pool(2).install(|| apply(&step, &var, &keys, &grads[1..]));
+        assert!(matches!(err, Err(Error::LengthMismatch { .. })), "{err:?}");
+        assert_eq!(var.size(), 0);
+    }
+}
