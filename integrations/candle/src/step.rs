@@ -16,7 +16,7 @@
 //!    every batch that read it concatenated ([`Step::apply`] sums repeated
 //!    keys, so two layers sharing a store train it as one gradient would;
 //!    a large batch is split over rayon's threads by
-//!    [`parallel::apply`](crate::parallel::apply), which sums them first);
+//!    [`parallel::apply`], which sums them first);
 //! 4. drops the modules' batches it gathered (a batch recorded meanwhile,
 //!    by another thread's forward, stays for the next step).
 //!
