@@ -14,7 +14,7 @@
 //! non-zero dimensions times the widest row overflowing) is an error too,
 //! even when it holds no ids.
 
-use candle_core::{DType, Tensor};
+use candle_core::{CpuStorage, DType, Storage, Tensor};
 use dynemb::Key;
 
 use crate::{Error, Result};
@@ -117,41 +117,46 @@ impl<K: IdKey> Ids<K> {
     /// the [module docs](self) say.
     pub fn from_tensor(ids: &Tensor) -> Result<Self> {
         check_shape("ids", ids.dims())?;
-        let flat = ids.flatten_all()?;
-        // i64 ids carry u64 keys' bit patterns; narrower ids their values.
-        let (values, bit_patterns) = match ids.dtype() {
-            DType::I64 => (flat.to_vec1::<i64>()?, true),
-            DType::U32 => (
-                flat.to_vec1::<u32>()?.into_iter().map(i64::from).collect(),
-                false,
-            ),
-            DType::I32 => (
-                flat.to_vec1::<i32>()?.into_iter().map(i64::from).collect(),
-                false,
-            ),
-            other => {
-                return Err(Error::invalid(format!(
-                    "ids must be i64, u32 or i32, got {other:?}"
-                )))
+        let keys = {
+            // A contiguous tensor on the CPU (the usual case) is read in place.
+            let (storage, layout) = ids.storage_and_layout();
+            match (&*storage, layout.contiguous_offsets()) {
+                (Storage::Cpu(CpuStorage::I64(v)), Some((start, end))) => {
+                    Some(convert_all(&v[start..end], K::from_i64))
+                }
+                (Storage::Cpu(CpuStorage::U32(v)), Some((start, end))) => {
+                    Some(convert_all(&v[start..end], |id: u32| {
+                        K::from_value(i64::from(id))
+                    }))
+                }
+                (Storage::Cpu(CpuStorage::I32(v)), Some((start, end))) => {
+                    Some(convert_all(&v[start..end], |id: i32| {
+                        K::from_value(i64::from(id))
+                    }))
+                }
+                _ => None,
             }
         };
-        let convert: fn(i64) -> Option<K> = if bit_patterns {
-            K::from_i64
-        } else {
-            K::from_value
+        let keys = match keys {
+            Some(keys) => keys?,
+            None => {
+                let flat = ids.flatten_all()?;
+                match ids.dtype() {
+                    DType::I64 => convert_all(&flat.to_vec1::<i64>()?, K::from_i64)?,
+                    DType::U32 => convert_all(&flat.to_vec1::<u32>()?, |id: u32| {
+                        K::from_value(i64::from(id))
+                    })?,
+                    DType::I32 => convert_all(&flat.to_vec1::<i32>()?, |id: i32| {
+                        K::from_value(i64::from(id))
+                    })?,
+                    other => {
+                        return Err(Error::invalid(format!(
+                            "ids must be i64, u32 or i32, got {other:?}"
+                        )))
+                    }
+                }
+            }
         };
-        let keys = values
-            .iter()
-            .enumerate()
-            .map(|(i, &id)| {
-                convert(id).ok_or_else(|| {
-                    Error::invalid(format!(
-                        "id {id} at position {i} does not fit the table's {} keys",
-                        K::TYPE_NAME
-                    ))
-                })
-            })
-            .collect::<Result<Vec<K>>>()?;
         Ok(Ids {
             keys,
             shape: ids.dims().to_vec(),
@@ -205,6 +210,32 @@ impl<K: IdKey> From<Vec<K>> for Ids<K> {
     }
 }
 
+/// The keys of `ids` converted one by one (i64 ids carry u64 keys' bit
+/// patterns, narrower ids their values); an error naming the first id that
+/// does not fit `K`.
+fn convert_all<T, K>(ids: &[T], convert: impl Fn(T) -> Option<K>) -> Result<Vec<K>>
+where
+    T: Copy + Into<i64>,
+    K: IdKey,
+{
+    let mut keys = Vec::new();
+    keys.try_reserve_exact(ids.len())
+        .map_err(|e| Error::invalid(format!("{} ids: {e}", ids.len())))?;
+    for (i, &id) in ids.iter().enumerate() {
+        match convert(id) {
+            Some(key) => keys.push(key),
+            None => {
+                return Err(Error::invalid(format!(
+                    "id {} at position {i} does not fit the table's {} keys",
+                    id.into(),
+                    K::TYPE_NAME
+                )))
+            }
+        }
+    }
+    Ok(keys)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -228,6 +259,17 @@ mod tests {
         let ids = Ids::<i64>::from_tensor(&t).unwrap();
         assert_eq!(ids.keys(), &[-5]);
         assert!(ids.shape().is_empty());
+
+        // Views: read in their own row-major order, in place or copied.
+        let t = Tensor::new(&[[1_i64, 2, 3], [4, 5, 6]], &dev).unwrap();
+        let ids = Ids::<i64>::from_tensor(&t.t().unwrap()).unwrap();
+        assert_eq!(ids.keys(), &[1, 4, 2, 5, 3, 6]);
+        assert_eq!(ids.shape(), &[3, 2]);
+        let ids = Ids::<i64>::from_tensor(&t.narrow(0, 1, 1).unwrap()).unwrap();
+        assert_eq!(ids.keys(), &[4, 5, 6]);
+        let t = Tensor::new(&[[1_u32, 2], [3, 4]], &dev).unwrap();
+        let ids = Ids::<i32>::from_tensor(&t.t().unwrap()).unwrap();
+        assert_eq!(ids.keys(), &[1, 3, 2, 4]);
     }
 
     #[test]
