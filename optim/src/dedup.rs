@@ -39,14 +39,33 @@ pub struct DedupedRef<'a, K: Clone> {
     /// `keys.len() * dim` values: row `i` is the sum of `keys[i]`'s rows.
     pub grads: &'a [f32],
     /// Per distinct key, the batch position of its first occurrence
-    /// (`None`: the batch had no repeats, so key `i` is at position `i`).
+    /// (`None`: the batch had no repeats, so key `i` is at position
+    /// `offset + i`).
     first: Option<&'a [u32]>,
+    /// Where key 0 is in the batch when `first` is `None` (a
+    /// [`part`](DedupedRef::part) of a batch without repeats).
+    offset: usize,
 }
 
 impl<K: Clone> DedupedRef<'_, K> {
     /// The batch position of distinct key `i`'s first occurrence.
     pub fn first(&self, i: usize) -> usize {
-        self.first.map_or(i, |first| first[i] as usize)
+        self.first
+            .map_or(self.offset + i, |first| first[i] as usize)
+    }
+
+    /// The distinct keys `range` (of [`keys`](DedupedRef::keys)) and their
+    /// gradient rows of `dim` values, still naming their positions in the
+    /// whole batch ([`first`](DedupedRef::first)): a part of a
+    /// deduplicated batch is deduplicated too, so parts can be updated at
+    /// once without touching a row twice. `range` must lie within the keys.
+    pub fn part(&self, range: std::ops::Range<usize>, dim: usize) -> DedupedRef<'_, K> {
+        DedupedRef {
+            keys: Cow::Borrowed(&self.keys[range.clone()]),
+            grads: &self.grads[range.start * dim..range.end * dim],
+            first: self.first.map(|first| &first[range.clone()]),
+            offset: self.offset + range.start,
+        }
     }
 
     /// An owned copy.
@@ -119,6 +138,7 @@ impl Dedup {
                 keys: Cow::Borrowed(keys),
                 grads,
                 first: None,
+                offset: 0,
             });
         }
         self.sums.clear();
@@ -138,6 +158,7 @@ impl Dedup {
             keys: Cow::Owned(distinct),
             grads: &self.sums,
             first: Some(&self.first),
+            offset: 0,
         })
     }
 
@@ -221,6 +242,24 @@ mod tests {
         for (k, g) in d.keys.iter().zip(&d.grads) {
             assert_eq!(model[k], *g);
         }
+    }
+
+    #[test]
+    fn parts_keep_the_positions_of_the_whole_batch() {
+        let grads: Vec<f32> = (0..6).map(|i| i as f32).collect();
+        let mut scratch = Dedup::new();
+        // Without repeats: positions are offsets.
+        let batch = scratch.run(&[5_u64, 6, 7], &grads[..3], 1).unwrap();
+        let part = batch.part(1..3, 1);
+        assert_eq!((&*part.keys, part.grads), (&[6_u64, 7][..], &grads[1..3]));
+        assert_eq!((part.first(0), part.first(1)), (1, 2));
+        // With repeats: positions are first occurrences.
+        let batch = scratch.run(&[5_u64, 5, 6, 7, 6, 8], &grads, 1).unwrap();
+        let part = batch.part(1..3, 1);
+        assert_eq!(&*part.keys, &[6, 7]);
+        assert_eq!(part.grads, &[2.0 + 4.0, 3.0]);
+        assert_eq!((part.first(0), part.first(1)), (2, 3));
+        assert_eq!(part.part(1..2, 1).first(0), 3);
     }
 
     #[test]

@@ -37,7 +37,7 @@
 //! threads at once (each gets its own `t`); concurrent updates of one key
 //! serialize on its row lock and none is lost.
 
-use crate::dedup::Dedup;
+use crate::dedup::{Dedup, DedupedRef};
 use crate::schedule::LearningRate;
 use dynemb::{EmbeddingStore, Error, Result, SlotId};
 use serde::de::DeserializeOwned;
@@ -356,12 +356,7 @@ impl<R: Rule> SparseOptimizer for Sparse<R> {
 /// Checks a batch for `store` before anything changes: the store is
 /// trainable, `grads` holds `keys.len() * dim` values, all finite.
 fn check_batch<S: EmbeddingStore>(store: &S, keys: &[S::Key], grads: &[f32]) -> Result<()> {
-    if !store.trainable() {
-        return Err(Error::InvalidArgument(format!(
-            "{:?} is not trainable",
-            store.name()
-        )));
-    }
+    check_trainable(store)?;
     let dim = store.dim();
     let expected = keys.len().checked_mul(dim).ok_or_else(|| {
         Error::InvalidArgument(format!(
@@ -392,6 +387,18 @@ fn check_batch<S: EmbeddingStore>(store: &S, keys: &[S::Key], grads: &[f32]) -> 
             value: grads[index],
         }),
         None => Ok(()),
+    }
+}
+
+/// An error unless optimizers may train `store`.
+fn check_trainable<S: EmbeddingStore>(store: &S) -> Result<()> {
+    if store.trainable() {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "{:?} is not trainable",
+            store.name()
+        )))
     }
 }
 
@@ -475,6 +482,25 @@ impl<R: Rule> Step<R> {
         self.update(store, keys, grads, &slots)
     }
 
+    /// Applies this step to a deduplicated batch (or a
+    /// [`part`](DedupedRef::part) of one) whose keys' gradients were
+    /// checked with [`check_step`] before [`Dedup::run`] summed them: the
+    /// rows a batch's [`apply`](Step::apply) updates, so that the parts of
+    /// one batch can be updated on several threads at once (they hold
+    /// distinct keys). A summed gradient that overflows makes its row's
+    /// result non-finite, which is refused as in `apply`: the other rows
+    /// are updated and the error names the key's first position in the
+    /// batch.
+    pub fn apply_deduped<S: EmbeddingStore>(
+        &self,
+        store: &S,
+        batch: &DedupedRef<'_, S::Key>,
+    ) -> Result<()> {
+        check_trainable(store)?;
+        let slots = prepare_slots(&self.params, store)?;
+        self.update_deduped(store, batch, &slots)
+    }
+
     /// Sums repeated keys and updates every row (input already checked).
     fn update<S: EmbeddingStore>(
         &self,
@@ -483,28 +509,45 @@ impl<R: Rule> Step<R> {
         grads: &[f32],
         slots: &[SlotId],
     ) -> Result<()> {
-        let dim = store.dim();
         Dedup::with_thread_local(|scratch| {
-            let batch = scratch.run(keys, grads, dim)?;
-            let grads = batch.grads;
-            store
-                .update_rows(&batch.keys, slots, |i, value, slot_rows| {
-                    R::update(
-                        &self.consts,
-                        &grads[i * dim..(i + 1) * dim],
-                        value,
-                        slot_rows,
-                    )
-                })
-                .map_err(|e| match e {
-                    // Name the key by its position in the caller's batch.
-                    Error::NonFinite { index, value, .. } => Error::NonFinite {
-                        what: "optimizer step result",
-                        index: batch.first(index),
-                        value,
-                    },
-                    e => e,
-                })
+            let batch = scratch.run(keys, grads, store.dim())?;
+            self.update_deduped(store, &batch, slots)
         })
+    }
+
+    /// Updates the rows of a deduplicated batch.
+    fn update_deduped<S: EmbeddingStore>(
+        &self,
+        store: &S,
+        batch: &DedupedRef<'_, S::Key>,
+        slots: &[SlotId],
+    ) -> Result<()> {
+        let dim = store.dim();
+        let grads = batch.grads;
+        if grads.len() != batch.keys.len() * dim {
+            return Err(Error::LengthMismatch {
+                what: "grads",
+                expected: batch.keys.len() * dim,
+                actual: grads.len(),
+            });
+        }
+        store
+            .update_rows(&batch.keys, slots, |i, value, slot_rows| {
+                R::update(
+                    &self.consts,
+                    &grads[i * dim..(i + 1) * dim],
+                    value,
+                    slot_rows,
+                )
+            })
+            .map_err(|e| match e {
+                // Name the key by its position in the caller's batch.
+                Error::NonFinite { index, value, .. } => Error::NonFinite {
+                    what: "optimizer step result",
+                    index: batch.first(index),
+                    value,
+                },
+                e => e,
+            })
     }
 }

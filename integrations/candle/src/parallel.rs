@@ -14,17 +14,22 @@
 //! - reads ([`lookup`], [`lookup_or_insert`]) write disjoint parts of the
 //!   output, and a key's row is its initializer's row whichever thread
 //!   inserts it, so the output is the same bits;
-//! - an optimizer update ([`apply`]) first sums repeated keys over the whole
-//!   batch (the store's update of a key must run once per step), then the
-//!   chunks hold distinct keys and update disjoint rows, so each row gets
-//!   exactly the update the unsplit call gives it (same sums, same order);
-//! - input is checked for the whole batch before any chunk runs (lengths,
-//!   and for an update every gradient finite and the slots compatible), so
-//!   bad input is an error that changes nothing, as for one call;
-//! - when chunks fail (a store's own error, such as running out of
-//!   capacity), the other chunks have run, as the keys before a failing key
-//!   of one call have; the error of the first failing chunk is returned,
-//!   with its position in the caller's batch.
+//! - an optimizer update ([`apply`]) first checks the whole batch as one
+//!   call does ([`check_step`]: lengths, every gradient finite, the slots
+//!   compatible), then sums repeated keys over the whole batch (a key's row
+//!   must be updated once per step), and only then splits: the chunks are
+//!   [`parts`](dynemb_optim::dedup::DedupedRef::part) of the deduplicated
+//!   batch, so they hold distinct keys and update disjoint rows, and each
+//!   row gets exactly the update one call gives it (same sums, same order,
+//!   [`Step::apply_deduped`]). A summed gradient that overflows is refused
+//!   as one call refuses it: that row alone is left as it was, and the
+//!   error names the key's first position in the caller's batch;
+//! - reads check the output's length before any chunk runs;
+//! - so bad input is an error that changes nothing, as for one call. When
+//!   the store itself fails (running out of capacity, a remote store's
+//!   I/O), the other chunks have still run, and the first failing chunk's
+//!   error is returned: which rows were written then differs from one call,
+//!   which stops at the failing key.
 //!
 //! Where the rows are inserted (row ids, hence export order) depends on
 //! the threads' timing; their values do not.
@@ -133,24 +138,15 @@ pub fn apply<S: EmbeddingStore, R: Rule>(
     check_step(step.params(), store, keys, grads)?;
     Dedup::with_thread_local(|scratch| {
         let batch = scratch.run(keys, grads, dim)?;
-        let Some(chunk) = chunk_len(batch.keys.len()) else {
-            return step.apply(store, &batch.keys, batch.grads);
+        let distinct = batch.keys.len();
+        let Some(chunk) = chunk_len(distinct) else {
+            return step.apply_deduped(store, &batch);
         };
-        let results: Vec<dynemb::Result<()>> = batch
-            .keys
-            .par_chunks(chunk)
-            .zip(batch.grads.par_chunks(chunk * dim))
-            .enumerate()
-            .map(|(c, (keys, grads))| {
-                step.apply(store, keys, grads).map_err(|e| match e {
-                    // Name the key by its position in the caller's batch.
-                    Error::NonFinite { what, index, value } => Error::NonFinite {
-                        what,
-                        index: batch.first(c * chunk + index),
-                        value,
-                    },
-                    e => e,
-                })
+        let results: Vec<dynemb::Result<()>> = (0..distinct.div_ceil(chunk))
+            .into_par_iter()
+            .map(|c| {
+                let part = batch.part(c * chunk..((c + 1) * chunk).min(distinct), dim);
+                step.apply_deduped(store, &part)
             })
             .collect();
         results.into_iter().collect()
@@ -277,6 +273,30 @@ mod tests {
             "{want:?}"
         );
         assert_eq!(format!("{got:?}"), format!("{want:?}"));
+    }
+
+    #[test]
+    fn repeats_whose_sum_overflows_are_refused_as_one_call_refuses_them() {
+        // Key 9999 at positions 9999 and 20000: finite gradients whose sum
+        // is infinite. One call leaves that row and updates the others.
+        let mut keys: Vec<i64> = (0..20_000).collect();
+        keys.push(9_999);
+        let mut grads = vec![1.0_f32; keys.len() * 4];
+        grads[9_999 * 4] = 3e38;
+        grads[20_000 * 4] = 3e38;
+        let params = ParamsSgd { lr: 0.5 };
+        let (split, whole) = (table("split"), table("whole"));
+        let step = SparseSgd::new(params).unwrap().begin_step().unwrap();
+        let got = pool(2).install(|| apply(&step, &split, &keys, &grads));
+        let want = SparseSgd::new(params).unwrap().apply(&whole, &keys, &grads);
+        assert!(
+            matches!(want, Err(Error::NonFinite { index: 9_999, .. })),
+            "{want:?}"
+        );
+        assert_eq!(format!("{got:?}"), format!("{want:?}"));
+        let distinct: Vec<i64> = (0..20_000).collect();
+        assert_eq!(rows(&split, &distinct), rows(&whole, &distinct));
+        assert_eq!(split.size(), whole.size());
     }
 
     #[test]
