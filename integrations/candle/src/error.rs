@@ -3,7 +3,9 @@
 //! or candle.
 //!
 //! Every function checks its input before it changes anything: a failed call
-//! leaves the tables and the layers' recorded batches as they were.
+//! leaves the tables and the layers' recorded batches as they were (one
+//! exception: a failed `SparseStep::backward_step` drops the batches whose
+//! gradients it computed, since they live only in that call).
 //! `candle_core::Error` converts from [`Error`] (and back), so `?` works in
 //! code that returns either.
 

@@ -21,7 +21,9 @@
 //!    by another thread's forward, stays for the next step).
 //!
 //! An error in 1 or 2 leaves the stores, the step count and the recorded
-//! batches as they were. Once the step has begun, the batches are dropped
+//! batches as they were ([`SparseStep::backward_step`], whose gradients
+//! live only in the call, drops the batches they belong to: no later step
+//! could train them). Once the step has begun, the batches are dropped
 //! whatever happens: a store failing its update (a row whose update
 //! overflows, a remote store's I/O error) does not stop the other stores'
 //! updates, and the first error is returned; applying the batches again
@@ -286,8 +288,16 @@ impl<R: Rule> SparseStep<R> {
     /// step over `modules`, from the same gradients. Everything the sparse
     /// step checks (the gradients, the stores, the learning rate of the
     /// next step) is checked before the dense step, so an error there
-    /// changes nothing. An error of the dense optimizer itself is
-    /// candle-nn's: the sparse step is not taken then.
+    /// changes no table, no step count and no dense variable. An error of
+    /// the dense optimizer itself is candle-nn's: the sparse step is not
+    /// taken then.
+    ///
+    /// The gradients live only in this call, so on any error after the
+    /// backward pass (a non-finite gradient from a bad batch, say) the
+    /// batches they belong to can never be stepped: they are dropped, and
+    /// the next batch trains as usual. A batch the loss did not reach
+    /// (no gradient here) stays recorded, and the error names it (see the
+    /// [module docs](self)).
     pub fn backward_step<O: candle_nn::Optimizer>(
         &self,
         loss: &Tensor,
@@ -296,10 +306,22 @@ impl<R: Rule> SparseStep<R> {
     ) -> Result<()> {
         let grads = loss.backward()?;
         let modules = distinct(modules);
-        let gathered = self.gather(&grads, &modules)?;
-        self.optimizer.check_next_step()?;
-        dense.step(&grads)?;
-        self.apply(&gathered, &modules)
+        let stepped = self.gather(&grads, &modules).and_then(|gathered| {
+            self.optimizer.check_next_step()?;
+            dense.step(&grads)?;
+            Ok(gathered)
+        });
+        match stepped {
+            Ok(gathered) => self.apply(&gathered, &modules),
+            Err(e) => {
+                let mut dead = SparseGrads::new();
+                dead.vars.extend(grads.get_ids().copied());
+                for module in &modules {
+                    module.discard_gathered(&dead);
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Gathers and checks every module's gradients.

@@ -220,6 +220,45 @@ fn a_module_listed_twice_is_stepped_once() -> TestResult {
 }
 
 #[test]
+fn a_refused_backward_step_drops_its_dead_batches_and_training_goes_on() -> TestResult {
+    let var = store::<i64>("recovers")?;
+    let emb = layer(&var)?;
+    let step = SparseStep::new(SparseSgd::new(ParamsSgd { lr: 0.5 })?);
+    let scale = Var::new(&[2.0_f32], &Device::Cpu)?;
+    let mut sgd = SGD::new(vec![scale.clone()], 0.5)?;
+    let before = snapshot(&var, &[1, 2])?[0].clone();
+
+    // A bad batch: its loss is NaN, so are its gradients.
+    let out = emb.forward_train(&ids_tensor(&[1_i64])?)?;
+    let nan = Tensor::new(&[f32::NAN], &Device::Cpu)?;
+    let loss = out.broadcast_mul(&scale)?.broadcast_mul(&nan)?.sum_all()?;
+    let err = step
+        .backward_step(&loss, &mut sgd, &[&emb])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not finite"), "{err}");
+    assert_eq!(
+        scale.to_vec1::<f32>()?,
+        [2.0],
+        "the dense step was not taken"
+    );
+    assert_eq!(snapshot(&var, &[1, 2])?[0], before, "no row moved");
+    assert_eq!(step.optimizer().steps(), 0);
+    assert_eq!(emb.recorded_batches(), 0, "its gradients are gone: dropped");
+
+    // The next batch trains as usual.
+    let out = emb.forward_train(&ids_tensor(&[2_i64])?)?;
+    let loss = out.broadcast_mul(&scale)?.sum_all()?;
+    step.backward_step(&loss, &mut sgd, &[&emb])?;
+    assert_eq!(step.optimizer().steps(), 1);
+    assert_eq!(emb.recorded_batches(), 0);
+    let after = snapshot(&var, &[2])?[0].clone();
+    let expected: Vec<f32> = before[DIM..].iter().map(|x| x - 0.5 * 2.0).collect();
+    assert_eq!(after, expected);
+    Ok(())
+}
+
+#[test]
 fn backward_step_checks_the_sparse_side_before_the_dense_step() -> TestResult {
     let var = store::<i64>("dense")?;
     let emb = layer(&var)?;
@@ -348,8 +387,8 @@ fn backward_step_refuses_a_bad_next_learning_rate_before_the_dense_step() -> Tes
     assert_eq!(step.optimizer().steps(), 2);
     assert_eq!(
         emb.recorded_batches(),
-        1,
-        "the refused batch stays recorded"
+        0,
+        "the refused batch's gradients are gone with the call: dropped"
     );
     Ok(())
 }
