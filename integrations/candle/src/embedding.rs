@@ -2,10 +2,11 @@
 //! [`EmbeddingStore`]), TFRA's `dynamic_embedding.keras.layers.Embedding`
 //! (with `with_unique`): ids of any shape in, `[..ids' shape, dim]` out.
 //!
-//! Modes (candle's [`ModuleT`] convention: `forward_t(ids, train)`, as for
-//! candle-nn's `Dropout` and `BatchNorm`, whose training and evaluation
-//! differ; candle's blanket `ModuleT` for every `Module` rules out also
-//! implementing `Module`, whose `forward` could not tell the two apart):
+//! Modes ([`Embedding::forward`]`(ids, train)`, and candle's [`ModuleT`]
+//! convention `forward_t(ids, train)`, as for candle-nn's `Dropout` and
+//! `BatchNorm`, whose training and evaluation differ; candle's blanket
+//! `ModuleT` for every `Module` rules out also implementing `Module`,
+//! whose one-argument `forward` could not tell the two apart):
 //! - **training** ([`Embedding::forward_train`]): the batch's ids are
 //!   deduplicated, the distinct keys' rows are read with
 //!   `lookup_or_insert` (missing keys are inserted with the initializer's
@@ -118,6 +119,13 @@ where
         &self.config
     }
 
+    /// The forward of ids in an `i64`, `u32` or `i32` tensor of any rank
+    /// (`train` picks the mode): an `f32` tensor of shape
+    /// `ids.shape() + [dim]`; see the [module docs](self).
+    pub fn forward(&self, ids: &Tensor, train: bool) -> Result<Tensor> {
+        self.forward_ids(&Ids::from_tensor(ids)?, train)
+    }
+
     /// The training forward of ids in an `i64`, `u32` or `i32` tensor of
     /// any rank; see the [module docs](self).
     pub fn forward_train(&self, ids: &Tensor) -> Result<Tensor> {
@@ -207,7 +215,7 @@ where
     S::Key: IdKey,
 {
     fn forward_t(&self, ids: &Tensor, train: bool) -> candle_core::Result<Tensor> {
-        Ok(self.forward_ids(&Ids::from_tensor(ids)?, train)?)
+        Ok(self.forward(ids, train)?)
     }
 }
 

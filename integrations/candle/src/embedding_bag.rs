@@ -218,7 +218,7 @@ where
         sp_ids: &SparseIds<S::Key>,
         weights: Option<&[f32]>,
     ) -> Result<Tensor> {
-        self.forward_sparse(sp_ids, weights, true)
+        self.forward(sp_ids, weights, true)
     }
 
     /// The inference forward of `sp_ids` with optional per-entry `weights`
@@ -229,14 +229,14 @@ where
         sp_ids: &SparseIds<S::Key>,
         weights: Option<&[f32]>,
     ) -> Result<Tensor> {
-        self.forward_sparse(sp_ids, weights, false)
+        self.forward(sp_ids, weights, false)
     }
 
     /// The forward of `sp_ids` with optional per-entry `weights` (one per
     /// entry, in entry order; `train` picks the mode): an `f32` tensor of
     /// shape `dense_shape[..rank - 1] + [dim]`. An
     /// [`Error::InvalidInput`] for weights of another length.
-    pub fn forward_sparse(
+    pub fn forward(
         &self,
         sp_ids: &SparseIds<S::Key>,
         weights: Option<&[f32]>,
@@ -301,7 +301,7 @@ where
             })
             .transpose()?;
         let sp_ids = SparseIds::from_offsets(ids.keys(), &offsets)?;
-        self.forward_sparse(&sp_ids, weights.as_deref(), train)
+        self.forward(&sp_ids, weights.as_deref(), train)
     }
 
     /// The training forward (the store is trainable).

@@ -564,11 +564,11 @@ fn offsets_tensors_are_pytorch_s_form_of_the_same_bags() -> TestResult {
     let offsets_t = Tensor::new(&[0_i32, 3, 3, 5], &Device::Cpu)?;
     let weights_t = Tensor::new(&[1.0_f64, 0.5, 2.0, -1.0, 4.0], &Device::Cpu)?;
     for train in [false, true] {
-        let want = bag.forward_sparse(&sp, Some(&weights), train)?;
+        let want = bag.forward(&sp, Some(&weights), train)?;
         let got = bag.forward_offsets(&ids_t, &offsets_t, Some(&weights_t), train)?;
         assert_eq!(got.dims(), [3, DIM]);
         assert_eq!(bits(&got)?, bits(&want)?);
-        let want = bag.forward_sparse(&sp, None, train)?;
+        let want = bag.forward(&sp, None, train)?;
         let got = bag.forward_offsets(&ids_t, &offsets_t, None, train)?;
         assert_eq!(bits(&got)?, bits(&want)?);
     }
@@ -593,9 +593,9 @@ fn output_shapes_follow_the_dense_shape_and_empty_input_reads_nothing() -> TestR
     let rank3 = SparseIds::from_coo_nd(&[0, 0, 0, 1, 2, 1, 1, 2, 0], &[4_i64, 6, 8], &[2, 3, 2])?;
     let rank1 = SparseIds::from_coo_nd(&[0, 3], &[4_i64, 6], &[5])?;
     for train in [false, true] {
-        let out = plain.forward_sparse(&rank3, None, train)?;
+        let out = plain.forward(&rank3, None, train)?;
         assert_eq!(out.dims(), [2, 3, DIM]);
-        let out = plain.forward_sparse(&rank1, None, train)?;
+        let out = plain.forward(&rank1, None, train)?;
         assert_eq!(out.dims(), [DIM]);
         let mean: Vec<f32> = rows_of(&var, &[4, 6])?
             .chunks(DIM)
@@ -644,8 +644,8 @@ fn unsorted_entries_pool_as_their_sorted_order() -> TestResult {
             },
         )?;
         for train in [false, true] {
-            let a = bag.forward_sparse(&sorted, Some(&sorted_w), train)?;
-            let b = bag.forward_sparse(&shuffled, Some(&shuffled_w), train)?;
+            let a = bag.forward(&sorted, Some(&sorted_w), train)?;
+            let b = bag.forward(&shuffled, Some(&shuffled_w), train)?;
             assert_eq!(bits(&a)?, bits(&b)?, "{combiner} train={train}");
         }
     }
@@ -659,9 +659,7 @@ fn bad_input_is_an_error_that_reads_inserts_and_records_nothing() -> TestResult 
     let bag = EmbeddingBag::new(Arc::clone(&var), EmbeddingBagConfig::default())?;
     let sp = SparseIds::from_offsets(&[1_i64, 200, 300], &[0, 2, 3])?;
     for train in [false, true] {
-        let err = bag
-            .forward_sparse(&sp, Some(&[1.0, 2.0]), train)
-            .unwrap_err();
+        let err = bag.forward(&sp, Some(&[1.0, 2.0]), train).unwrap_err();
         assert!(err.to_string().contains("need 3 weights, got 2"), "{err}");
     }
 

@@ -233,7 +233,18 @@ fn max_norm_forward_and_gradient_by_hand() -> TestResult {
     let ids = [2_i64, 0, 1, 9, 2];
     let ids_t = Tensor::new(&ids, &Device::Cpu)?;
     let inference = emb.forward_inference(&ids_t)?;
-    let out = emb.forward_train(&ids_t)?;
+    // `forward(ids, train)` and candle's `forward_t` are the same two modes.
+    assert_eq!(
+        emb.forward(&ids_t, false)?.to_vec2::<f32>()?,
+        inference.to_vec2::<f32>()?
+    );
+    assert_eq!(
+        candle_nn::ModuleT::forward_t(&emb, &ids_t, false)?.to_vec2::<f32>()?,
+        inference.to_vec2::<f32>()?
+    );
+    assert_eq!(emb.recorded_batches(), 0, "inference records nothing");
+    let out = emb.forward(&ids_t, true)?;
+    assert_eq!(emb.recorded_batches(), 1);
     assert_eq!(out.to_vec2::<f32>()?, inference.to_vec2::<f32>()?);
     let out_rows = out.to_vec2::<f32>()?;
     for (p, &id) in ids.iter().enumerate() {
