@@ -24,8 +24,10 @@
 //! same batches: through the layer's API (the samples/s figures) and taken
 //! apart at its public seams (the stage shares); see [`dynemb_model`]. Every run is
 //! in a process of its own, after an untimed priming run ([`isolate`]).
-//! Each run does warm-up steps, then timed steps; the step time is the
-//! median, the stage shares are shares of the mean step ([`stages`]).
+//! Each run does warm-up steps, then timed steps; samples/s is every timed
+//! sample over the timed steps' wall time (growth spikes count), the
+//! median step is shown beside it, and the stage shares are shares of the
+//! mean step ([`stages`]).
 //!
 //! Threads: `--threads T` sets `RAYON_NUM_THREADS` and
 //! `CANDLE_NUM_THREADS` before candle or rayon start, so candle's matrix

@@ -93,7 +93,8 @@ impl TrainReport {
         let _ = writeln!(
             out,
             "\n### training steps ({} fields of ids Zipf({}) mod {} + field offset, dim {}, \
-             batch {}, Adam; {} warm-up + {} timed steps per run, median step)\n",
+             batch {}, Adam; {} warm-up + {} timed steps per run; samples/s: all timed samples / \
+             their wall time)\n",
             s.fields, s.zipf_exponent, s.vocab, s.dim, s.batch, s.steps.warmup, s.steps.timed
         );
         let _ = writeln!(

@@ -33,7 +33,9 @@ pub struct ModelRun {
     pub batch: usize,
     /// The timed steps.
     pub summary: StageSummary,
-    /// `batch` / the median step.
+    /// Samples of the timed steps / their wall time: the throughput, every
+    /// step counted (a table's growth spikes included; the median step is
+    /// in `summary`).
     pub samples_per_second: f64,
     /// The loss of the run's first step (warm-up or timed).
     pub first_loss: f32,
@@ -90,7 +92,7 @@ pub fn run(model: ModelSpec, workload: &Workload, steps: Steps) -> Result<ModelR
     Ok(ModelRun {
         model,
         batch: workload.batch,
-        samples_per_second: workload.batch as f64 / summary.median_step_seconds,
+        samples_per_second: (workload.batch * steps.timed) as f64 / timed_seconds.max(1e-9),
         summary,
         first_loss: first_loss.unwrap_or(f32::NAN),
         last_loss,
