@@ -77,10 +77,10 @@ pub const DEFAULT_TRAIN: usize = 2_000_000;
 pub const DEFAULT_EVAL: usize = 200_000;
 /// Seed of the synthetic data and of the model.
 pub const DEFAULT_SEED: u64 = 42;
-/// `--quick` epochs.
-pub const QUICK_EPOCHS: usize = 2;
+/// `--quick` epochs (one, as the default: a second pass overfits).
+pub const QUICK_EPOCHS: usize = 1;
 /// `--quick` training samples per epoch.
-pub const QUICK_TRAIN: usize = 50_000;
+pub const QUICK_TRAIN: usize = 100_000;
 /// `--quick` held-out samples.
 pub const QUICK_EVAL: usize = 10_000;
 /// Largest `--dim`.
@@ -114,7 +114,7 @@ data:
                          at most 50000000 and 2^28 held-out ids)
   --seed N               seed of the synthetic data, the embeddings' and the MLP's
                          initial values (default 42): equal seeds, equal runs
-  --quick                tiny run for CI: 50000 training, 10000 held-out, 2 epochs
+  --quick                tiny run for CI: 100000 training, 10000 held-out, epochs 1
   --summary              first stream one epoch and report on the data (distinct
                          ids, new-id rates, unseen held-out ids); costs an extra
                          pass and memory for every distinct id
@@ -664,7 +664,7 @@ mod tests {
             format!("default {DEFAULT_EVAL}"),
             format!("at most {MAX_EVAL}"),
             format!("default {DEFAULT_SEED}"),
-            format!("{QUICK_TRAIN} training, {QUICK_EVAL} held-out, {QUICK_EPOCHS} epochs"),
+            format!("{QUICK_TRAIN} training, {QUICK_EVAL} held-out, epochs {QUICK_EPOCHS}"),
             format!("default {DEFAULT_DIM}, at most {MAX_DIM}"),
             format!("default {DEFAULT_BATCH}, at most {MAX_BATCH}"),
             format!("default {DEFAULT_EPOCHS})"),

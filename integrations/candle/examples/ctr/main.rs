@@ -138,7 +138,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             samples as f64 / seconds,
             auc::log_loss(&predictions, &eval.labels)?,
             auc::roc_auc(&predictions, &eval.labels)?,
-            ceiling.map_or(String::new(), |c| format!(" (ceiling {c:.4})")),
+            ceiling.map_or(String::new(), |c| format!(" (hidden model {c:.4})")),
             trainer.table().size(),
             trainer.table().memory_bytes() as f64 / (1 << 20) as f64,
             trainer.evicted(),

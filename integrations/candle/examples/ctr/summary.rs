@@ -259,7 +259,9 @@ pub fn write_ceiling(eval: &EvalSet, out: &mut dyn Write) -> std::io::Result<()>
     match (roc_auc(truth, labels), log_loss(truth, labels)) {
         (Ok(auc), Ok(loss)) => writeln!(
             out,
-            "ground truth on the held-out set (the ceiling): AUC {auc:.4}, log-loss {loss:.4}"
+            "ground truth on the held-out set: AUC {auc:.4}, log-loss {loss:.4} (the hidden \
+             model, a ceiling no model of this data reaches: it knows the weights of the \
+             rare and new held-out ids that training never shows; see --summary)"
         ),
         (Err(e), _) | (_, Err(e)) => {
             writeln!(out, "ground truth on the held-out set: undefined ({e})")
@@ -335,7 +337,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("ground truth on the held-out set (the ceiling): AUC 0."),
+            text.contains("ground truth on the held-out set: AUC 0."),
             "{text}"
         );
         for field in ["f0 (300) ", "f1 (30000) ", "f2 (3000000) "] {
@@ -361,7 +363,7 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         assert_eq!(text.lines().count(), 1, "{text}");
         assert!(
-            text.starts_with("ground truth on the held-out set (the ceiling): AUC 0."),
+            text.starts_with("ground truth on the held-out set: AUC 0."),
             "{text}"
         );
         let mut no_truth = source.eval_set().clone();
