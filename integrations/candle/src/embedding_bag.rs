@@ -125,7 +125,7 @@ use crate::lookup::check_weights;
 use crate::max_norm::clip_tensor_rows;
 use crate::record::Recorder;
 use crate::regularizer::Regularizer;
-use crate::rows::zeroed;
+use crate::rows::{with_room, zeroed};
 use crate::sparse_ids::RowGroups;
 use crate::step::{SparseGrads, SparseModule};
 use crate::unique::Dedup;
@@ -426,11 +426,14 @@ impl<K: IdKey> BagEntries<K> {
             (kept + range.len(), empty + usize::from(range.is_empty()))
         });
         let len = kept + if default_id.is_some() { empty } else { 0 };
-        let mut ids = Vec::with_capacity(len);
-        let mut bags = Vec::with_capacity(len);
-        let mut factors = weights.map(|_| Vec::with_capacity(len));
+        let mut ids = with_room(len, "bag entries")?;
+        let mut bags = with_room(len, "bag entries")?;
+        let mut factors = weights
+            .map(|_| with_room(len, "bag entry weights"))
+            .transpose()?;
         let mut divisors = (weights.is_none() && combiner != Combiner::Sum)
-            .then(|| Vec::with_capacity(sp_ids.num_rows()));
+            .then(|| with_room(sp_ids.num_rows(), "bag divisors"))
+            .transpose()?;
         let mut one_per_bag = true;
         for (bag, range) in groups.ranges().enumerate() {
             // `RowGroups` has `num_rows` ranges, checked to fit a u32.

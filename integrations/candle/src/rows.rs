@@ -33,13 +33,20 @@ pub(crate) fn reserved(rows: usize, dim: usize) -> Result<Vec<f32>> {
     Ok(values)
 }
 
-/// `len` copies of `value`, as [`reserved`] (`what` names the buffer in
-/// the error).
-pub(crate) fn filled<T: Clone>(len: usize, value: T, what: &str) -> Result<Vec<T>> {
+/// An empty vector with room for `len` elements, as [`reserved`] (`what`
+/// names the buffer in the error).
+pub(crate) fn with_room<T>(len: usize, what: &str) -> Result<Vec<T>> {
     let mut values = Vec::new();
     values
         .try_reserve_exact(len)
         .map_err(|e| Error::invalid(format!("{what} of {len} elements: {e}")))?;
+    Ok(values)
+}
+
+/// `len` copies of `value`, as [`reserved`] (`what` names the buffer in
+/// the error).
+pub(crate) fn filled<T: Clone>(len: usize, value: T, what: &str) -> Result<Vec<T>> {
+    let mut values = with_room(len, what)?;
     values.resize(len, value);
     Ok(values)
 }
