@@ -333,7 +333,7 @@ fn max_norm_clips_rows_before_pooling_and_its_gradient_flows() -> TestResult {
 }
 
 #[test]
-fn inference_is_safe_embedding_lookup_sparse_bit_for_bit_and_training_agrees() -> TestResult {
+fn inference_is_the_lookup_function_and_the_dense_reference_and_training_agrees() -> TestResult {
     let batch = Batch::mixed();
     let sp = batch.sparse()?;
     for max_norm in [None, Some(0.7)] {
@@ -356,6 +356,18 @@ fn inference_is_safe_embedding_lookup_sparse_bit_for_bit_and_training_agrees() -
             assert_eq!(bits(&got)?, bits(&want)?, "{s:?}");
             let weights = s.weighted.then(|| batch.weights_for(s.combiner));
             let inference = bag.forward_inference(&sp, weights.as_deref())?;
+            if max_norm.is_none() {
+                // Independently of the lookup function: the dense reference.
+                let universe = batch.universe(s.default_id);
+                let rows = rows_of(&var, &universe)?;
+                let rows = Tensor::from_vec(rows, (universe.len(), DIM), &Device::Cpu)?;
+                let expected = dense_pool(&rows, &universe, &batch, weights.as_deref(), s)?;
+                assert_close(
+                    &flat(&inference)?,
+                    &flat(&expected)?,
+                    &format!("{s:?} inference against the dense reference"),
+                );
+            }
             let train = bag.forward_train(&sp, weights.as_deref())?;
             assert_close(&flat(&train)?, &flat(&inference)?, &format!("{s:?} modes"));
         }
