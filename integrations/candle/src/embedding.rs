@@ -29,10 +29,15 @@
 //! and TFRA's INFERENCE mode ignores `max_norm` where this layer does not).
 //! The layer's optional [`Regularizer`] penalizes the rows of the recorded
 //! batches ([`Embedding::regularization_loss`], to add to the loss). Output
-//! is `f32` on the configured device. The layer is `Send + Sync`, and each
-//! thread deduplicates in a table of its own, so concurrent forwards never
-//! wait for one another; its recorded batches belong to one training loop
-//! (see [`crate::step`]).
+//! is `f32` on the configured device. The layer is `Send + Sync` and its
+//! inference forward can run on many threads at once. Its training
+//! forwards record batches that belong to one training loop: a step takes
+//! every batch recorded so far, so two loops (threads) sharing one layer
+//! would step each other's batches; concurrent trainers take one layer
+//! each over the shared table (see [`crate::step`]). Every training
+//! forward keeps its `Var` until a step (or
+//! [`Embedding::discard_batches`]) drops it: a layer left out of the
+//! step's modules holds its batches, and their memory, until then.
 
 use std::sync::Arc;
 

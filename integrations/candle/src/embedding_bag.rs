@@ -143,6 +143,11 @@ pub struct EmbeddingBagConfig<K> {
     /// How a bag's rows are pooled.
     pub combiner: Combiner,
     /// Clip each distinct looked-up row to this L2 norm (finite, above 0).
+    /// The training forward clips once (candle ops, differentiable); the
+    /// inference forward is [`safe_embedding_lookup_sparse_with_max_norm`],
+    /// which clips twice as TFRA's TRAIN mode does, so the two modes can
+    /// differ in the last bits, and TFRA's INFERENCE mode (which ignores
+    /// `max_norm`) differs from both: leave it `None` to match that.
     pub max_norm: Option<f32>,
     /// The id whose row an empty bag gets (zeros when `None`).
     pub default_id: Option<K>,

@@ -7,7 +7,10 @@
 //!   [`embedding_lookup_sparse`] and [`safe_embedding_lookup_sparse`] over
 //!   [`SparseIds`] (TF's COO form or PyTorch's offsets) with a
 //!   [`Combiner`], returning tensors, bit for bit what TFRA 0.8 returns
-//!   (`tests/golden/`). They only read: nothing is inserted.
+//!   on every golden case (`tests/golden/`, dim 4). Two known gaps of a
+//!   last bit or two: `max_norm` on rows wider than 8 values (TF sums the
+//!   squares in vector lanes, [`clip`]) and weighted sqrtn for some weights
+//!   ([`lookup`]). They only read: nothing is inserted.
 //! - **Layers**: [`Embedding`] (ids of any rank to rows) and
 //!   [`EmbeddingBag`] (pooled bags), each with a training and an inference
 //!   forward. Training: the batch's distinct ids are read (and inserted)
