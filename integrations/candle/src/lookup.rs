@@ -111,7 +111,7 @@ where
 {
     let ids = ids.into();
     let dim = dim_of(store)?;
-    let unique = Dedup::new().unique(ids.keys())?;
+    let unique = Dedup::with_thread_local(|dedup| dedup.unique(ids.keys()))?;
     let positions = unique.inverse();
     let rows = read_rows(store, unique.keys(), dim, max_norm)?;
     let values = if unique.len() == ids.len() {
