@@ -161,13 +161,22 @@ impl LazyAdam {
 }
 
 #[test]
-fn sparse_adam_through_the_layer_matches_a_dense_lazy_adam() -> TestResult {
+fn sparse_adam_through_the_layer_matches_a_dense_lazy_adam_for_ids_of_rank_1_2_3() -> TestResult {
+    for shape in [&[10][..], &[2, 5], &[2, 1, 5]] {
+        check_adam(shape)?;
+    }
+    Ok(())
+}
+
+/// 10 steps of sparse Adam through the layer on ids of `shape`, against a
+/// lazy dense Adam on a dense table fed candle's gradient of the same loss.
+fn check_adam(shape: &[usize]) -> TestResult {
     let dim = 4;
     let params = ParamsAdam {
         lr: 0.05,
         ..Default::default()
     };
-    let (store, initial) = table("adam", dim)?;
+    let (store, initial) = table(&format!("adam{shape:?}"), dim)?;
     let emb = Embedding::new(Arc::clone(&store), EmbeddingConfig::default())?;
     let sparse = SparseStep::new(SparseAdam::new(params)?);
     let mut dense = LazyAdam {
@@ -177,16 +186,20 @@ fn sparse_adam_through_the_layer_matches_a_dense_lazy_adam() -> TestResult {
         m: vec![0.0; VOCAB * dim],
         v: vec![0.0; VOCAB * dim],
     };
+    let mut out_shape = shape.to_vec();
+    out_shape.push(dim);
     for step in 0..10 {
         // Few distinct ids, many repeats; some rows skip some steps.
         let ids: Vec<i64> = (0..10).map(|i| ((i * i + step) % 5) as i64).collect();
         let target: Vec<f32> = (0..ids.len() * dim).map(|i| value(step, i)).collect();
-        let target = Tensor::from_vec(target, (ids.len(), dim), &Device::Cpu)?;
-        let ids_t = Tensor::new(ids.as_slice(), &Device::Cpu)?;
+        let target = Tensor::from_vec(target, out_shape.as_slice(), &Device::Cpu)?;
+        let flat_ids = Tensor::new(ids.as_slice(), &Device::Cpu)?;
+        let ids_t = flat_ids.reshape(shape)?;
 
         // The dense side: gradient of the same loss on the dense table.
         let table = Var::from_slice(&dense.value, (VOCAB, dim), &Device::Cpu)?;
-        let loss = candle_nn::loss::mse(&table.embedding(&ids_t)?, &target)?;
+        let rows = table.embedding(&flat_ids)?.reshape(out_shape.as_slice())?;
+        let loss = candle_nn::loss::mse(&rows, &target)?;
         let grad = loss
             .backward()?
             .get(&table)
@@ -197,7 +210,9 @@ fn sparse_adam_through_the_layer_matches_a_dense_lazy_adam() -> TestResult {
         rows.dedup();
         dense.step(&rows, &grad.to_vec1::<f32>()?, dim);
 
-        let loss = candle_nn::loss::mse(&emb.forward_train(&ids_t)?, &target)?;
+        let out = emb.forward_train(&ids_t)?;
+        assert_eq!(out.dims(), out_shape.as_slice());
+        let loss = candle_nn::loss::mse(&out, &target)?;
         sparse.step(&loss.backward()?, &[&emb])?;
     }
     let keys: Vec<i64> = (0..VOCAB as i64).collect();
