@@ -256,3 +256,45 @@ pub fn unique_name(base: &str) -> String {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     format!("{base}_{}", NEXT.fetch_add(1, Ordering::Relaxed))
 }
+
+/// The environment variable that makes a test binary's `worker` test run
+/// a worker role (see [`spawn_worker`]).
+pub const WORKER_ROLE: &str = "DYNEMB_REDIS_WORKER";
+
+/// Runs this test binary again as a child process that runs only the
+/// ignored test `worker` (`--exact --ignored`), with `env` set (the role
+/// under [`WORKER_ROLE`] and its parameters): a second process using the
+/// same servers.
+pub fn spawn_worker(env: &[(&str, String)]) -> Child {
+    let exe = std::env::current_exe().expect("the test binary");
+    let mut cmd = Command::new(exe);
+    cmd.args([
+        "--exact",
+        "worker",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.spawn().expect("spawn the test binary")
+}
+
+/// Waits for a worker and fails the test with its output if it failed.
+pub fn join_worker(child: Child) {
+    let out = child.wait_with_output().expect("wait for the worker");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "worker failed: {text}");
+    assert!(text.contains("1 passed"), "the worker ran no test: {text}");
+}
+
+/// The value of a worker parameter.
+pub fn worker_param(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("worker parameter {name} is not set"))
+}
