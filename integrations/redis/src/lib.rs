@@ -38,6 +38,7 @@
 #![warn(missing_docs)]
 
 mod batch;
+mod checkpoint;
 mod cluster;
 pub mod config;
 mod layout;

@@ -39,6 +39,11 @@ impl<K: Key> RedisVariable<K> {
         Ok(cached.clone())
     }
 
+    /// The slot list as the metadata has it now.
+    pub(crate) fn slots_now(&self) -> Result<Vec<(String, f32)>> {
+        self.refresh_slots()
+    }
+
     /// The cached slot list.
     fn cached_slots(&self) -> Vec<(String, f32)> {
         self.inner

@@ -51,13 +51,29 @@ struct Target {
     positions: Vec<usize>,
 }
 
+/// A refused update: the batch position and the non-finite value it left.
+type Refusal = (usize, f32);
+
+/// A new row computed from a stored one, to be written if unchanged.
+struct NewRow {
+    /// The version read (`None`: the key was absent).
+    expected: Option<[u8; 8]>,
+    row: Vec<u8>,
+}
+
 /// A row computed in one round, to be written if unchanged.
 struct Computed {
     /// Index in the targets.
     target: usize,
-    /// The version read (`None`: the key was absent).
-    expected: Option<[u8; 8]>,
-    row: Vec<u8>,
+    new: NewRow,
+}
+
+/// A row to write if the stored row's version is still `expected`
+/// (`None`: if the key is still absent).
+pub(crate) struct VersionedWrite<'a> {
+    pub bits: u64,
+    pub expected: Option<[u8; 8]>,
+    pub row: &'a [u8],
 }
 
 impl<K: Key> RedisVariable<K> {
@@ -105,7 +121,7 @@ impl<K: Key> RedisVariable<K> {
             targets[t].positions.push(i);
         }
         let mut pending: Vec<usize> = (0..targets.len()).collect();
-        let mut refused: Option<(usize, f32)> = None;
+        let mut refused: Option<Refusal> = None;
         for round in 0..MAX_ROUNDS {
             if pending.is_empty() {
                 break;
@@ -129,15 +145,23 @@ impl<K: Key> RedisVariable<K> {
                 if let Some(refusal) = refusal {
                     round_refused.insert(t, refusal);
                 }
-                if let Some((expected, row)) = row {
-                    computed.push(Computed {
-                        target: t,
-                        expected,
-                        row,
-                    });
+                if let Some(new) = row {
+                    computed.push(Computed { target: t, new });
                 }
             }
-            let conflicts = self.write_if_unchanged(&targets, &computed)?;
+            let writes: Vec<VersionedWrite<'_>> = computed
+                .iter()
+                .map(|c| VersionedWrite {
+                    bits: targets[c.target].bits,
+                    expected: c.new.expected,
+                    row: &c.new.row,
+                })
+                .collect();
+            let conflicts: Vec<usize> = self
+                .write_if_unchanged(&writes)?
+                .into_iter()
+                .map(|i| computed[i].target)
+                .collect();
             for (t, refusal) in round_refused {
                 if !conflicts.contains(&t) && refused.is_none_or(|(first, _)| refusal.0 < first) {
                     refused = Some(refusal);
@@ -168,7 +192,6 @@ impl<K: Key> RedisVariable<K> {
     /// Runs the update of one key on its stored row (`None`: absent).
     /// Returns the row to write with the version it expects (`None` if
     /// every occurrence was refused) and the first refused occurrence.
-    #[allow(clippy::type_complexity)]
     fn compute(
         &self,
         target: &Target,
@@ -176,7 +199,7 @@ impl<K: Key> RedisVariable<K> {
         slots: &[SlotId],
         initials: &[f32],
         update: &mut impl FnMut(usize, &mut [f32], &mut [f32]),
-    ) -> Result<(Option<(Option<[u8; 8]>, Vec<u8>)>, Option<(usize, f32)>)> {
+    ) -> Result<(Option<NewRow>, Option<Refusal>)> {
         let dim = self.dim();
         let row = stored
             .map(|b| Row::parse(b, dim, self.store()))
@@ -242,41 +265,46 @@ impl<K: Key> RedisVariable<K> {
                 layout::f32_bytes(&vec![initial; dim], &mut bytes);
             }
         }
-        Ok((Some((row.map(|r| r.version()), bytes)), refused))
+        let new = NewRow {
+            expected: row.map(|r| r.version()),
+            row: bytes,
+        };
+        Ok((Some(new), refused))
     }
 
-    /// Writes the computed rows whose version is unchanged (one script per
-    /// bucket, one round trip per node); returns the targets that changed
-    /// meanwhile.
-    fn write_if_unchanged(&self, targets: &[Target], computed: &[Computed]) -> Result<Vec<usize>> {
-        if computed.is_empty() {
+    /// Writes each row of `writes` whose stored version is still the
+    /// expected one, one script per bucket, one round trip per node;
+    /// returns the indexes in `writes` of the rows that changed meanwhile
+    /// (not written).
+    pub(crate) fn write_if_unchanged(&self, writes: &[VersionedWrite<'_>]) -> Result<Vec<usize>> {
+        if writes.is_empty() {
             return Ok(Vec::new());
         }
-        let bits: Vec<u64> = computed.iter().map(|c| targets[c.target].bits).collect();
+        let bits: Vec<u64> = writes.iter().map(|w| w.bits).collect();
         let grouped = Grouped::new(&bits, self.buckets())?;
         let mut requests = Vec::with_capacity(grouped.len());
         for (bucket, positions) in grouped.iter() {
             let mut cmd = script_cmd(&scripts::WRITE_IF_UNCHANGED, self.bucket_key(bucket));
             for &p in positions {
-                let c = &computed[p as usize];
-                cmd.arg(&layout::field(bits[p as usize])[..])
-                    .arg(c.expected.as_ref().map_or(&[][..], |v| &v[..]))
-                    .arg(&c.row[..]);
+                let write = &writes[p as usize];
+                cmd.arg(&layout::field(write.bits)[..])
+                    .arg(write.expected.as_ref().map_or(&[][..], |v| &v[..]))
+                    .arg(write.row);
             }
             requests.push(self.bucket_request(bucket, &cmd));
         }
         let replies = self.inner.cluster.run(&requests, false)?;
         let mut conflicts = Vec::new();
         for ((_, positions), reply) in grouped.iter().zip(replies) {
-            for item in reply::array(self.store(), "update_rows write", reply)? {
-                let at = reply::int(self.store(), "update_rows write", item)?;
+            for item in reply::array(self.store(), "versioned write", reply)? {
+                let at = reply::int(self.store(), "versioned write", item)?;
                 let p = usize::try_from(at)
                     .ok()
                     .and_then(|a| positions.get(a))
                     .ok_or_else(|| {
-                        reply::unexpected(self.store(), "update_rows write", &Value::Int(at))
+                        reply::unexpected(self.store(), "versioned write", &Value::Int(at))
                     })?;
-                conflicts.push(computed[*p as usize].target);
+                conflicts.push(*p as usize);
             }
         }
         Ok(conflicts)

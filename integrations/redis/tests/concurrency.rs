@@ -41,9 +41,9 @@ fn worker_config() -> RedisConfig {
 /// deltas, all flagged present; and one key of its own, inserted by accum.
 fn accum_batch(w: usize, r: usize) -> (Vec<i64>, Vec<f32>, Vec<bool>) {
     let mut keys: Vec<i64> = (0..SHARED)
-        .filter(|k| (*k as usize + r) % (2 + w) != 0)
+        .filter(|k| !(*k as usize + r).is_multiple_of(2 + w))
         .collect();
-    keys.extend((0..SHARED).filter(|k| (*k as usize + w) % 17 == 0)); // repeats
+    keys.extend((0..SHARED).filter(|k| (*k as usize + w).is_multiple_of(17))); // repeats
     let mut deltas = Vec::new();
     for &k in &keys {
         deltas.extend([1.0 + (k % 7) as f32 + w as f32; DIM]);
@@ -137,7 +137,7 @@ const BETA2: f32 = 0.999;
 /// Writer `w`'s keys in step `s` (gradient 1 for every element).
 fn adam_keys(w: usize, s: usize) -> Vec<i64> {
     (0..SHARED)
-        .filter(|k| (*k as usize + s * (w + 1)) % 3 != 0)
+        .filter(|k| !(*k as usize + s * (w + 1)).is_multiple_of(3))
         .collect()
 }
 
