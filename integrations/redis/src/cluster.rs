@@ -23,7 +23,8 @@
 //! the slot map, `ASK` sends the command to the named node after `ASKING`,
 //! `NOSCRIPT` (a server whose scripts were flushed) loads the scripts
 //! there first, `TRYAGAIN`, `CLUSTERDOWN`, `LOADING` and `MASTERDOWN` wait
-//! a moment. After [`MAX_ROUNDS`] rounds the batch fails with
+//! a moment. After [`MAX_ROUNDS`] rounds, or when the next pause would
+//! pass the command timeout, the batch fails with
 //! [`BackendErrorKind::NotServing`].
 //!
 //! # Why not the redis crate's cluster client
@@ -52,7 +53,7 @@ use dynemb::{BackendErrorKind, Error, Result};
 use redis::{ServerErrorKind, Value};
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Hash slots of a Redis Cluster.
 pub(crate) const SLOTS: usize = 16384;
@@ -187,12 +188,19 @@ impl Cluster {
         let mut pending: Vec<(usize, Option<String>)> =
             (0..requests.len()).map(|i| (i, None)).collect();
         let mut last_reason = String::new();
+        // Retries stop at the command timeout: a batch never outlives it
+        // by more than one exchange.
+        let deadline = Instant::now() + self.config.command_timeout;
         for round in 0..MAX_ROUNDS {
             if pending.is_empty() {
                 break;
             }
             if round > 0 {
-                std::thread::sleep(Duration::from_millis(10 << round.min(6)));
+                let pause = Duration::from_millis(10 << round.min(6));
+                if Instant::now() + pause > deadline {
+                    break;
+                }
+                std::thread::sleep(pause);
             }
             let outcomes = self.round(requests, &pending, idempotent)?;
             let mut retry = Vec::new();
@@ -226,7 +234,7 @@ impl Cluster {
                 store: format!("redis {}", self.config.nodes.join(",")),
                 kind: BackendErrorKind::NotServing,
                 message: format!(
-                    "{} command(s) still redirected or refused after {MAX_ROUNDS} rounds ({last_reason})",
+                    "{} command(s) still redirected or refused within the command timeout ({last_reason})",
                     pending.len()
                 ),
             });

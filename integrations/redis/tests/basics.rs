@@ -1,3 +1,7 @@
+//! A walk through every operation on a single server and on a 3-master
+//! cluster, with the values, scores and counts each step must leave (the
+//! models in `model.rs` cover the same ground at random).
+
 mod support;
 
 use dynemb::{Initializer, RestrictPolicy};
@@ -5,7 +9,7 @@ use dynemb_redis::RedisVariable;
 use support::{Cluster, Server};
 
 fn exercise(config: dynemb_redis::RedisConfig) {
-    let v = RedisVariable::<i64>::builder("smoke")
+    let v = RedisVariable::<i64>::builder("basics")
         .dim(3)
         .initializer(Initializer::Constant(0.5))
         .restrict_policy(RestrictPolicy::Frequency)
@@ -46,13 +50,13 @@ fn exercise(config: dynemb_redis::RedisConfig) {
 }
 
 #[test]
-fn smoke_single() {
+fn every_operation_on_a_single_server() {
     let server = Server::start();
     exercise(server.config());
 }
 
 #[test]
-fn smoke_cluster() {
+fn every_operation_on_a_cluster() {
     let cluster = Cluster::start(3);
     exercise(cluster.config());
 }
