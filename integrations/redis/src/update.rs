@@ -94,8 +94,14 @@ impl<K: Key> RedisVariable<K> {
         let mut seen = [false; dynemb::MAX_SLOTS];
         for &slot in slots {
             self.check_slot(slot)?;
-            if slot.index() >= dynemb::MAX_SLOTS || std::mem::replace(&mut seen[slot.index()], true)
-            {
+            if slot.index() >= dynemb::MAX_SLOTS {
+                return Err(Error::InvalidArgument(format!(
+                    "variable {:?} has no slot {}",
+                    self.name(),
+                    slot.index()
+                )));
+            }
+            if std::mem::replace(&mut seen[slot.index()], true) {
                 return Err(Error::InvalidArgument(format!(
                     "slot {} is given more than once",
                     slot.index()

@@ -111,7 +111,7 @@ impl<K: Key> Subject<K> for Dropped<K> {
 }
 
 /// Proptest cases per model and server set.
-const CASES: u32 = 16;
+const CASES: u32 = 32;
 
 #[test]
 fn single_server_matches_the_models() {
