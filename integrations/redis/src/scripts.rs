@@ -48,8 +48,37 @@ impl Lua {
     }
 }
 
-/// Shared helpers: the score of a written row, and `f32` row unpacking.
-const PRELUDE: &str = r#"
+/// Shared helpers of the bucket scripts: the bucket's rows read with one
+/// `HMGET` and written with one `HSET` per call (in chunks that fit Lua's
+/// stack), so a call costs a few commands however many rows it carries;
+/// the score of a written row; `f32` row unpacking.
+const BUCKET: &str = r#"
+local CHUNK = 1000
+-- The rows of fields (false for an absent one), in order.
+local function hmget(fields)
+  local out = {}
+  for i = 1, #fields, CHUNK do
+    local got = redis.call('HMGET', KEYS[1], unpack(fields, i, math.min(i + CHUNK - 1, #fields)))
+    for j = 1, #got do out[i + j - 1] = got[j] end
+  end
+  return out
+end
+-- Writes rows[f] for each field f of order.
+local function hset(order, rows)
+  for i = 1, #order, CHUNK do
+    local args = {}
+    for j = i, math.min(i + CHUNK - 1, #order) do
+      args[#args + 1] = order[j]
+      args[#args + 1] = rows[order[j]]
+    end
+    redis.call('HSET', KEYS[1], unpack(args))
+  end
+end
+"#;
+
+/// The prelude of the scripts that score their writes:
+/// `ARGV[1..3] = [mode, stamp, version]`.
+const SCORED: &str = r#"
 local MODE, STAMP, VERSION = ARGV[1], ARGV[2], ARGV[3]
 -- A sum at or beyond this magnitude rounds to infinity as an f32
 -- (2^128 - 2^103, half an ulp above f32::MAX, ties to even).
@@ -67,13 +96,23 @@ local function next_score(cur)
   end
   return struct.pack('<I4I4', lo, hi)
 end
+local FORMATS = {}
+local function format(k)
+  local f = FORMATS[k]
+  if not f then
+    f = '<' .. string.rep('f', k)
+    FORMATS[k] = f
+  end
+  return f
+end
 -- The n f32s of s from byte offset at (1-based), as a table.
 local function floats(s, at, n)
+  if n <= 1024 then return {struct.unpack(format(n), s, at)} end
   local out = {}
   local i = 0
   while i < n do
     local k = math.min(n - i, 1024)
-    local got = {struct.unpack('<' .. string.rep('f', k), s, at + 4 * i)}
+    local got = {struct.unpack(format(k), s, at + 4 * i)}
     for j = 1, k do out[i + j] = got[j] end
     i = i + k
   end
@@ -81,11 +120,12 @@ local function floats(s, at, n)
 end
 -- The f32 bytes of the n numbers of t.
 local function pack(t, n)
+  if n <= 1024 then return struct.pack(format(n), unpack(t, 1, n)) end
   local parts = {}
   local i = 0
   while i < n do
     local k = math.min(n - i, 1024)
-    parts[#parts + 1] = struct.pack('<' .. string.rep('f', k), unpack(t, i + 1, i + k))
+    parts[#parts + 1] = struct.pack(format(k), unpack(t, i + 1, i + k))
     i = i + k
   end
   return table.concat(parts)
@@ -93,45 +133,57 @@ end
 "#;
 
 /// `lookup_or_insert`'s insert: `ARGV = [mode, stamp, version, field,
-/// body, field, body, ...]`; a field that is absent gets the row
-/// `version .. score .. body`. Returns, per field, `false` (inserted) or
-/// the row already there.
+/// body, field, body, ...]` (distinct fields); a field that is absent gets
+/// the row `version .. score .. body`. Returns, per field, `false`
+/// (inserted) or the row already there.
 pub(crate) static INSERT_ABSENT: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
-        "{PRELUDE}{}",
+        "{BUCKET}{SCORED}{}",
         r#"
-local out = {}
-for i = 4, #ARGV, 2 do
-  local cur = redis.call('HGET', KEYS[1], ARGV[i])
-  if cur then
-    out[#out + 1] = cur
+local fields = {}
+for i = 4, #ARGV, 2 do fields[#fields + 1] = ARGV[i] end
+local got = hmget(fields)
+local out, order, rows = {}, {}, {}
+for n = 1, #fields do
+  if got[n] then
+    out[n] = got[n]
   else
-    redis.call('HSET', KEYS[1], ARGV[i], VERSION .. next_score(false) .. ARGV[i + 1])
-    out[#out + 1] = false
+    out[n] = false
+    order[#order + 1] = fields[n]
+    rows[fields[n]] = VERSION .. next_score(false) .. ARGV[3 + 2 * n]
   end
 end
+hset(order, rows)
 return out
 "#
     ))
 });
 
 /// `upsert`: `ARGV = [mode, stamp, version, field, values, ...]`, in batch
-/// order (the last of a repeated field wins). A present row keeps its slot
-/// columns. Returns the number of rows written.
+/// order (the last of a repeated field wins; each occurrence scores). A
+/// present row keeps its slot columns. Returns the number of rows written.
 pub(crate) static UPSERT: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
-        "{PRELUDE}{}",
+        "{BUCKET}{SCORED}{}",
         r#"
-local n = 0
-for i = 4, #ARGV, 2 do
-  local values = ARGV[i + 1]
-  local cur = redis.call('HGET', KEYS[1], ARGV[i])
+local fields = {}
+for i = 4, #ARGV, 2 do fields[#fields + 1] = ARGV[i] end
+local got = hmget(fields)
+local rows, order = {}, {}
+for n = 1, #fields do
+  local f = fields[n]
+  if rows[f] == nil then
+    rows[f] = got[n]
+    order[#order + 1] = f
+  end
+  local cur = rows[f]
+  local values = ARGV[3 + 2 * n]
   local tail = ''
   if cur then tail = string.sub(cur, 17 + #values) end
-  redis.call('HSET', KEYS[1], ARGV[i], VERSION .. next_score(cur) .. values .. tail)
-  n = n + 1
+  rows[f] = VERSION .. next_score(cur) .. values .. tail
 end
-return n
+hset(order, rows)
+return #fields
 "#
     ))
 });
@@ -146,89 +198,109 @@ return n
 /// sum that overflowed).
 pub(crate) static ACCUM: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
-        "{PRELUDE}{}",
+        "{BUCKET}{SCORED}{}",
         r#"
 local dim = tonumber(ARGV[4])
-local before = {}
+local fields = {}
+for i = 5, #ARGV, 3 do fields[#fields + 1] = ARGV[i] end
+local got = hmget(fields)
+local rows, before, dirty, order = {}, {}, {}, {}
 local refused = {}
-local pos = 0
-for i = 5, #ARGV, 3 do
-  local field, exists, deltas = ARGV[i], ARGV[i + 1] == '1', ARGV[i + 2]
-  local cur = redis.call('HGET', KEYS[1], field)
-  if before[field] == nil then before[field] = (cur ~= false) end
-  local was = before[field]
+for n = 1, #fields do
+  local f = fields[n]
+  local exists, deltas = ARGV[3 + 3 * n] == '1', ARGV[4 + 3 * n]
+  if before[f] == nil then
+    before[f] = (got[n] ~= false)
+    rows[f] = got[n]
+  end
+  local was = before[f]
   if (was and exists) or (not was and not exists) then
+    local cur = rows[f]
+    local new
     if cur then
       local row = floats(cur, 17, dim)
       local d = floats(deltas, 1, dim)
       local bad = nil
       for j = 1, dim do
-        local s = row[j] + d[j]
-        if s >= LIMIT or s <= -LIMIT then bad = s; break end
-        row[j] = s
+        local sum = row[j] + d[j]
+        if sum >= LIMIT or sum <= -LIMIT then bad = sum; break end
+        row[j] = sum
       end
       if bad then
-        refused[#refused + 1] = pos
+        refused[#refused + 1] = n - 1
         refused[#refused + 1] = bad > 0 and 1 or -1
       else
-        local tail = string.sub(cur, 17 + 4 * dim)
-        redis.call('HSET', KEYS[1], field, VERSION .. next_score(cur) .. pack(row, dim) .. tail)
+        new = VERSION .. next_score(cur) .. pack(row, dim) .. string.sub(cur, 17 + 4 * dim)
       end
     else
-      redis.call('HSET', KEYS[1], field, VERSION .. next_score(false) .. deltas)
+      new = VERSION .. next_score(false) .. deltas
+    end
+    if new then
+      if not dirty[f] then
+        dirty[f] = true
+        order[#order + 1] = f
+      end
+      rows[f] = new
     end
   end
-  pos = pos + 1
 end
+hset(order, rows)
 return refused
 "#
     ))
 });
 
-/// `update_rows`' write-back: `ARGV = [field, expected, row, ...]`; a row
-/// is written only if its version is still `expected` (or, for `expected
-/// = ""`, if it is still absent). Returns the 0-based positions of the
-/// rows that changed meanwhile (not written).
+/// `update_rows`' write-back: `ARGV = [field, expected, row, ...]`
+/// (distinct fields); a row is written only if its version is still
+/// `expected` (or, for `expected = ""`, if it is still absent). Returns the
+/// 0-based positions of the rows that changed meanwhile (not written).
 pub(crate) static WRITE_IF_UNCHANGED: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
+    Lua::new(format!(
+        "{BUCKET}{}",
         r#"
-local conflicts = {}
-local pos = 0
-for i = 1, #ARGV, 3 do
-  local cur = redis.call('HGET', KEYS[1], ARGV[i])
-  local expected = ARGV[i + 1]
+local fields = {}
+for i = 1, #ARGV, 3 do fields[#fields + 1] = ARGV[i] end
+local got = hmget(fields)
+local conflicts, order, rows = {}, {}, {}
+for n = 1, #fields do
+  local expected = ARGV[3 * n - 1]
+  local cur = got[n]
   local same
   if expected == '' then same = (cur == false) else same = cur and string.sub(cur, 1, 8) == expected end
   if same then
-    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2])
+    order[#order + 1] = fields[n]
+    rows[fields[n]] = ARGV[3 * n]
   else
-    conflicts[#conflicts + 1] = pos
+    conflicts[#conflicts + 1] = n - 1
   end
-  pos = pos + 1
 end
+hset(order, rows)
 return conflicts
 "#
-        .to_string(),
-    )
+    ))
 });
 
 /// `restrict`'s removal: `ARGV = [field, version, ...]`; removes a row
 /// only if its version is still the one scanned. Returns the number
 /// removed.
 pub(crate) static REMOVE_IF_UNCHANGED: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
+    Lua::new(format!(
+        "{BUCKET}{}",
         r#"
-local n = 0
-for i = 1, #ARGV, 2 do
-  local cur = redis.call('HGET', KEYS[1], ARGV[i])
-  if cur and string.sub(cur, 1, 8) == ARGV[i + 1] then
-    n = n + redis.call('HDEL', KEYS[1], ARGV[i])
-  end
+local fields = {}
+for i = 1, #ARGV, 2 do fields[#fields + 1] = ARGV[i] end
+local got = hmget(fields)
+local victims = {}
+for n = 1, #fields do
+  if got[n] and string.sub(got[n], 1, 8) == ARGV[2 * n] then victims[#victims + 1] = fields[n] end
 end
-return n
+local removed = 0
+for i = 1, #victims, CHUNK do
+  removed = removed + redis.call('HDEL', KEYS[1], unpack(victims, i, math.min(i + CHUNK - 1, #victims)))
+end
+return removed
 "#
-        .to_string(),
-    )
+    ))
 });
 
 /// `restrict`'s scan: every row's field and 16-byte header (version and
