@@ -9,7 +9,7 @@
 //! Every wait is bounded: connecting to a node by
 //! [`connect_timeout`](RedisConfig::connect_timeout), each exchange with a
 //! node by [`command_timeout`](RedisConfig::command_timeout). A node that is
-//! down or silent is an [`Error::Backend`](dynemb::Error::Backend) within
+//! down or silent is an [`Error::Backend`] within
 //! those bounds, never a hang.
 
 use dynemb::{Error, Result};

@@ -6,8 +6,7 @@
 //!    slots at their initial values, "absent" as its version);
 //! 2. the caller's update runs here, on each key's occurrences in batch
 //!    order;
-//! 3. one pipelined write (a script per bucket,
-//!    [`WRITE_IF_UNCHANGED`](crate::scripts::WRITE_IF_UNCHANGED)) stores
+//! 3. one pipelined write (a Lua script per bucket) stores
 //!    each new row only if the row's version is still the one read (still
 //!    absent, for a missing key); every write sets a new random version;
 //! 4. the rows that changed meanwhile are read and updated again, until

@@ -1,34 +1,6 @@
-//! [`RedisVariable`]: a dynamic embedding table whose rows live in Redis,
-//! with [`Variable`](dynemb::Variable)'s semantics.
-//!
-//! - [`lookup`](RedisVariable::lookup) never inserts: a missing key reads
-//!   the initializer's row, computed here by the variable's
-//!   [`Initializer`] exactly as a local variable computes it
-//!   (deterministic per key), and that row is what
-//!   [`lookup_or_insert`](RedisVariable::lookup_or_insert) stores;
-//! - [`upsert`](RedisVariable::upsert): a key repeated in a batch, the last
-//!   one wins; a present row keeps its slot columns;
-//! - [`accum`](RedisVariable::accum) follows bp_v2's truth table, adding on
-//!   the server (a script per bucket), so concurrent trainers' deltas all
-//!   count;
-//! - [`update_rows`](RedisVariable::update_rows) is atomic per row (see
-//!   [`crate::update`]);
-//! - inputs are checked before anything is sent: a wrong length, a
-//!   non-finite value or delta, a slot of another store is an error that
-//!   changes nothing.
-//!
-//! Every batch costs one pipelined round trip per node (two for a
-//! `lookup_or_insert` that inserts: the read, then the inserts; an
-//! `update_rows` takes one more per round of conflicts). What a remote
-//! store adds to a local one's errors is [`Error::Backend`]: a batch that
-//! fails that way may have been applied on some nodes and not others, each
-//! row whole or not at all.
-//!
-//! Scores follow the restrict policy as on a local variable (see
-//! [`dynemb::restrict`]): every write of a row counts or stamps it, reads
-//! leave it; a timestamp is taken once per batch from the process's clock
-//! ([`dynemb::restrict::next_timestamp`]), so processes on machines with
-//! skewed clocks stamp accordingly.
+//! [`RedisVariable`]: its handle, builder, and the batch operations
+//! (lookups, inserts, upserts, `accum`, removal, size, scores). Slots,
+//! `update_rows`, scans and checkpoints are in their own modules.
 
 use crate::batch::Grouped;
 use crate::cluster::{Cluster, Request};
@@ -44,8 +16,38 @@ use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 /// A dynamic embedding table stored in Redis: rows of `dim` `f32`s keyed by
-/// `K`, shared by every process that opens it. Clones share one
-/// connection pool. See the [module docs](self).
+/// `K`, shared by every process that opens it, with
+/// [`Variable`](dynemb::Variable)'s semantics. Clones share one connection
+/// pool.
+///
+/// - [`lookup`](RedisVariable::lookup) never inserts: a missing key reads
+///   the initializer's row, computed here by the variable's
+///   [`Initializer`] exactly as a local variable computes it
+///   (deterministic per key), and that row is what
+///   [`lookup_or_insert`](RedisVariable::lookup_or_insert) stores;
+/// - [`upsert`](RedisVariable::upsert): a key repeated in a batch, the last
+///   one wins; a present row keeps its slot columns;
+/// - [`accum`](RedisVariable::accum) follows bp_v2's truth table, adding on
+///   the server (a script per bucket), so concurrent trainers' deltas all
+///   count;
+/// - [`update_rows`](RedisVariable::update_rows) is atomic per row (see
+///   [`update`](crate::update));
+/// - inputs are checked before anything is sent: a wrong length, a
+///   non-finite value or delta, a slot of another store is an error that
+///   changes nothing.
+///
+/// Every batch costs one pipelined round trip per node (two for a
+/// `lookup_or_insert` that inserts: the read, then the inserts; an
+/// `update_rows` takes one more per round of conflicts). What a remote
+/// store adds to a local one's errors is [`Error::Backend`]: a batch that
+/// fails that way may have been applied on some nodes and not others, each
+/// row whole or not at all.
+///
+/// Scores follow the restrict policy as on a local variable (see
+/// [`dynemb::restrict`]): every write of a row counts or stamps it, reads
+/// leave it; a timestamp is taken once per batch from the process's clock
+/// ([`dynemb::restrict::next_timestamp`]), so processes on machines with
+/// skewed clocks stamp accordingly.
 pub struct RedisVariable<K: Key> {
     pub(crate) inner: Arc<Inner>,
     _key: PhantomData<fn() -> K>,
