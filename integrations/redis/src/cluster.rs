@@ -38,11 +38,13 @@
 //!
 //! # Failures
 //!
-//! A node that cannot be reached, breaks the connection or stays silent
-//! beyond the command timeout fails the batch with an
-//! [`Error::Backend`] naming it (after the other nodes' replies are read,
-//! so their connections stay usable). Commands sent to other nodes may have
-//! been applied: a failed batch is not rolled back. Reads (`idempotent`
+//! A node that cannot be reached fails the batch before anything is sent
+//! (a connection to every node of the batch is had first). A node that
+//! breaks the connection or stays silent beyond the command timeout fails
+//! the batch with an [`Error::Backend`] naming it (after the other nodes'
+//! replies are read, so their connections stay usable); commands sent to
+//! other nodes may have been applied then: a failed batch is not rolled
+//! back. Reads (`idempotent`
 //! batches) are tried once more on a fresh connection when a pooled one
 //! turns out dead (a node that restarted while the variable was idle).
 
@@ -296,13 +298,24 @@ impl Cluster {
             groups[g].2.push(at);
         }
         let asks: Vec<bool> = pending.iter().map(|(_, ask)| ask.is_some()).collect();
+        // A connection to every node first: a node that cannot be reached
+        // fails the batch before anything is sent anywhere.
+        let mut leases: Vec<Lease> = Vec::with_capacity(groups.len());
+        for (node, _, _) in &groups {
+            match node.lease() {
+                Ok(lease) => leases.push(lease),
+                Err(e) => {
+                    for ((node, _, _), lease) in groups.iter().zip(leases) {
+                        node.give_back(lease);
+                    }
+                    return Err(e);
+                }
+            }
+        }
         // Send every pipeline, then read every node's replies.
         let mut sent: Vec<Result<Lease>> = Vec::with_capacity(groups.len());
-        for (node, packed, _) in &groups {
-            sent.push(node.lease().and_then(|mut lease| {
-                node.send(&mut lease, packed)?;
-                Ok(lease)
-            }));
+        for ((node, packed, _), mut lease) in groups.iter().zip(leases) {
+            sent.push(node.send(&mut lease, packed).map(|()| lease));
         }
         let mut outcomes: Vec<Option<Outcome>> = (0..pending.len()).map(|_| None).collect();
         let mut first_error = None;

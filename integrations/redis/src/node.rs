@@ -125,6 +125,14 @@ impl Node {
             .map_err(|e| self.failed(&e))
     }
 
+    /// Puts an unused, healthy `lease` back in the pool.
+    pub(crate) fn give_back(&self, lease: Lease) {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        if idle.len() < MAX_IDLE {
+            idle.push(lease.conn);
+        }
+    }
+
     /// Reads `count` replies from `lease` and puts it back in the pool.
     /// Error replies are values ([`Value::ServerError`]); a broken or
     /// silent connection is an error, and the connection is dropped with
@@ -137,10 +145,7 @@ impl Node {
             let reply = lease.conn.recv_response().map_err(|e| self.failed(&e))?;
             replies.push(reply);
         }
-        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        if idle.len() < MAX_IDLE {
-            idle.push(lease.conn);
-        }
+        self.give_back(lease);
         Ok(replies)
     }
 

@@ -92,9 +92,14 @@ fn a_killed_node_fails_within_the_timeout_and_training_resumes_after_restart() {
         );
     }
 
+    // A write batch that needs the dead node fails before sending anything
+    // to the live ones.
+    let err = var.upsert(&keys, &vec![9.0; keys.len() * DIM]).unwrap_err();
+    assert_eq!(backend_kind(&err), BackendErrorKind::Unavailable, "{err}");
+
     cluster.servers[1].restart();
     cluster.wait_ok();
-    // The nodes are back; the failed steps wrote nothing (their reads failed).
+    // The nodes are back; the failed steps and the upsert wrote nothing.
     assert_eq!(snapshot(&var, &keys), before, "every row intact");
     for _ in 0..3 {
         step(&var, &opt, &keys).unwrap();
