@@ -6,6 +6,12 @@
 //! expected and the actual sizes. The registry's errors name the variable
 //! and, for a [`Error::Mismatch`], what exists and what was requested.
 //! Nothing in the public API panics on user input.
+//!
+//! A store that lives in another process (the Redis backend,
+//! `dynemb-redis`) fails in ways a local table cannot: a server that is
+//! down, slow or answers something unexpected. Those are
+//! [`Error::Backend`], whose [`BackendErrorKind`] tells a caller whether
+//! retrying later may help.
 
 /// Result alias used by every fallible function of the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -114,4 +120,54 @@ pub enum Error {
         /// The slot that was asked for.
         slot: String,
     },
+    /// A remote store (a server, a cluster node) failed to carry out an
+    /// operation: see [`BackendErrorKind`]. A batch that fails this way may
+    /// have been applied on some of the store's nodes and not on others;
+    /// each row is written whole or not at all.
+    #[error("{store}: {kind}: {message}")]
+    Backend {
+        /// The store and, where known, the node (`"redis 127.0.0.1:7001"`).
+        store: String,
+        /// What kind of failure it was.
+        kind: BackendErrorKind,
+        /// The backend's own description.
+        message: String,
+    },
+}
+
+/// What went wrong in an [`Error::Backend`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BackendErrorKind {
+    /// The node could not be reached or the connection broke (refused,
+    /// reset, closed). Retrying once it is back may succeed.
+    Unavailable,
+    /// The node did not answer within the configured timeout.
+    Timeout,
+    /// The node is up but refuses to serve for now (a cluster without full
+    /// coverage, a server loading its data, a failover under way).
+    /// Retrying later may succeed.
+    NotServing,
+    /// The node answered with an error (a script error, out of memory,
+    /// wrong password) or with something the client cannot understand.
+    Server,
+    /// The stored data is not what this client wrote or expects (a row of
+    /// the wrong size, metadata of another format).
+    Corrupt,
+    /// Optimistic row updates kept conflicting with other writers and gave
+    /// up after their retry budget.
+    Contention,
+}
+
+impl std::fmt::Display for BackendErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BackendErrorKind::Unavailable => "unavailable",
+            BackendErrorKind::Timeout => "timed out",
+            BackendErrorKind::NotServing => "not serving",
+            BackendErrorKind::Server => "server error",
+            BackendErrorKind::Corrupt => "corrupt data",
+            BackendErrorKind::Contention => "too much contention",
+        })
+    }
 }

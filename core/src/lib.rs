@@ -44,12 +44,12 @@ pub mod restrict;
 mod store;
 mod variable;
 
-pub use error::{Error, Result};
+pub use error::{BackendErrorKind, Error, Result};
 pub use initializer::Initializer;
 pub use key::Key;
 pub use partitioner::Partitioner;
 pub use raw::{MAX_DIM, MAX_SLOTS};
 pub use registry::{AnyVariable, Collection, Getter, Registry, Reuse, Scope, VariableRequest};
 pub use restrict::RestrictPolicy;
-pub use store::EmbeddingStore;
+pub use store::{new_store_id, EmbeddingStore};
 pub use variable::{SlotId, Variable, VariableBuilder, MAX_SHARDS};

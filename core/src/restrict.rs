@@ -63,8 +63,10 @@ impl RestrictPolicy {
 static LAST_STAMP: AtomicU64 = AtomicU64::new(0);
 
 /// A timestamp for one batch's writes: now in nanoseconds since the Unix
-/// epoch, or one more than the previous stamp if that is later.
-pub(crate) fn next_timestamp() -> u64 {
+/// epoch, or one more than the previous stamp if that is later. The clock
+/// every [`RestrictPolicy::Timestamp`] score of the process comes from
+/// (public for stores outside this crate, which stamp their rows with it).
+pub fn next_timestamp() -> u64 {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
@@ -80,7 +82,7 @@ pub(crate) fn next_timestamp() -> u64 {
 
 /// Makes later stamps larger than `stamp` (a timestamp restored from a
 /// checkpoint, perhaps written by a machine whose clock runs ahead).
-pub(crate) fn observe_timestamp(stamp: u64) {
+pub fn observe_timestamp(stamp: u64) {
     LAST_STAMP.fetch_max(stamp, Ordering::Relaxed);
 }
 

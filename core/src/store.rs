@@ -18,6 +18,19 @@
 //! - bad input is an [`Error`](crate::Error) that changes nothing.
 
 use crate::{Key, Result, SlotId, Variable};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Source of [`new_store_id`]'s ids.
+static NEXT_STORE_ID: AtomicU64 = AtomicU64::new(0);
+
+/// A store id never handed out before in this process, for
+/// [`EmbeddingStore::store_id`]: every [`Variable`] takes one when it is
+/// built, and other store types take theirs here too, so no two tables of
+/// any types alive in one process share an id (a [`SlotId`] of one is
+/// never mistaken for a slot of another).
+pub fn new_store_id() -> u64 {
+    NEXT_STORE_ID.fetch_add(1, Ordering::Relaxed)
+}
 
 /// An embedding table that training can read and update: rows of
 /// [`dim`](EmbeddingStore::dim) `f32`s keyed by [`EmbeddingStore::Key`],

@@ -57,7 +57,6 @@ use crate::raw::{ExportColumns, ExportedRows, Positions, Table};
 use crate::{Error, Initializer, Key, Partitioner, RestrictPolicy, Result};
 use std::marker::PhantomData;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
 /// Most shards a variable may have.
@@ -65,9 +64,6 @@ pub const MAX_SHARDS: usize = 1 << 16;
 
 /// Rows one step of a scan over a shard (restrict, export) reads at a time.
 const SCAN_CHUNK: usize = 1 << 16;
-
-/// Source of the ids that tie a [`SlotId`] to its variable.
-static NEXT_VARIABLE_ID: AtomicU64 = AtomicU64::new(0);
 
 /// A slot column of one variable, from [`Variable::create_slot`] or
 /// [`Variable::slot_id`]. Using it with another variable is an error.
@@ -78,6 +74,23 @@ pub struct SlotId {
 }
 
 impl SlotId {
+    /// The slot at `index` of the store whose
+    /// [`store_id`](crate::EmbeddingStore::store_id) is `store_id`: for
+    /// [`EmbeddingStore`](crate::EmbeddingStore) implementations outside
+    /// this crate, which check that a slot they are given is theirs with
+    /// [`SlotId::store_id`].
+    pub fn new(store_id: u64, index: usize) -> SlotId {
+        SlotId {
+            variable: store_id,
+            index,
+        }
+    }
+
+    /// The id of the store the slot belongs to.
+    pub fn store_id(self) -> u64 {
+        self.variable
+    }
+
     /// The slot's position among its variable's slots (creation order).
     pub fn index(self) -> usize {
         self.index
@@ -226,7 +239,7 @@ impl<K: Key> VariableBuilder<K> {
             .collect::<Result<Vec<_>>>()?;
         Ok(Variable {
             inner: Arc::new(Inner {
-                id: NEXT_VARIABLE_ID.fetch_add(1, Ordering::Relaxed),
+                id: crate::new_store_id(),
                 slots: RwLock::new(Vec::new()),
                 name: self.name,
                 dim: self.dim,

@@ -87,11 +87,20 @@
 //! restrict policy as the checkpoint (another policy is an
 //! [`Error::Mismatch`]); into a variable without a policy they are ignored,
 //! and a checkpoint without scores scores its rows as any write does.
+//!
+//! # Other stores
+//!
+//! [`save_rows`] and [`Reader`] write and read the same format from and
+//! as plain rows ([`Rows`], described by a [`TableInfo`]), with the same
+//! crash safety, locks and checks: how a store that is not a [`Variable`]
+//! (the Redis backend) saves and restores, so a model moves between local
+//! and remote tables through a checkpoint.
 
 mod files;
 mod lock;
 mod manifest;
 mod place;
+mod rows;
 
 use crate::raw::fs::exchange_dirs;
 use crate::raw::{ExportColumns, MAX_SLOTS};
@@ -101,6 +110,7 @@ use files::{FileRows, KeyCodec};
 use lock::CheckpointLock;
 use manifest::{corrupt, FileEntry, Manifest, SlotEntry, FORMAT, MANIFEST, VERSION};
 use place::Place;
+pub use rows::{save_rows, Reader, Rows, TableInfo};
 use std::collections::VecDeque;
 use std::fs::{self, File};
 use std::io::Write;
@@ -144,13 +154,20 @@ fn sync_dir(path: &Path) -> Result<()> {
 
 /// Saves `variable` to `dir` (see the module docs).
 pub(crate) fn save<K: Key>(variable: &Variable<K>, dir: &Path) -> Result<()> {
+    save_with(dir, |staging| write_checkpoint(variable, staging))
+}
+
+/// Saves a checkpoint to `dir`: `write` fills an empty staging directory
+/// (files flushed to disk), which is then published in place of `dir` as
+/// the module docs say.
+fn save_with(dir: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     let place = Place::for_save(dir)?;
     let staging = {
         let _queue = lock::staging(&place)?;
         place.remove_abandoned_staging();
         place.create_staging()?
     };
-    if let Err(e) = write_checkpoint(variable, &staging.path) {
+    if let Err(e) = write(&staging.path) {
         // Best effort: a staging directory left behind is removed by the
         // next save.
         let _ = place::remove_dir(&staging.path);
@@ -166,6 +183,70 @@ pub(crate) fn save<K: Key>(variable: &Variable<K>, dir: &Path) -> Result<()> {
     let _ = place::remove_dir(&staging.path);
     published?;
     place.sync_parent()
+}
+
+/// The data files of a checkpoint being written into a staging directory,
+/// one [`FilesWriter::write`] per file, and then its manifest.
+struct FilesWriter<'a> {
+    staging: &'a Path,
+    codec: KeyCodec,
+    dim: usize,
+    slot_names: Vec<String>,
+    entries: Vec<FileEntry>,
+    /// Files written but not yet flushed: they are flushed a few behind
+    /// the one being written, so the disk writes back while the next is
+    /// encoded (and few files are open at once).
+    written: VecDeque<(File, PathBuf)>,
+}
+
+impl<'a> FilesWriter<'a> {
+    fn new(staging: &'a Path, codec: KeyCodec, dim: usize, slot_names: Vec<String>) -> Self {
+        FilesWriter {
+            staging,
+            codec,
+            dim,
+            slot_names,
+            entries: Vec::new(),
+            written: VecDeque::new(),
+        }
+    }
+
+    /// Writes `rows` (of shard `shard`) as the next data file.
+    fn write(&mut self, shard: usize, rows: &FileRows) -> Result<()> {
+        let file = format!("shard-{shard:05}-{:05}.safetensors", self.entries.len());
+        let bytes = files::encode(self.codec, rows, &self.slot_names, self.dim);
+        let path = self.staging.join(&file);
+        self.written.push_back((write_file(&path, &bytes)?, path));
+        if self.written.len() > UNSYNCED_FILES {
+            let (file, path) = self.written.pop_front().expect("more than zero");
+            sync_file(&path, &file)?;
+        }
+        self.entries.push(FileEntry {
+            file,
+            shard,
+            rows: rows.keys.len(),
+            bytes: bytes.len() as u64,
+            crc32: crc32fast::hash(&bytes),
+        });
+        Ok(())
+    }
+
+    /// Writes the manifest (the files' list and `header`) and flushes
+    /// everything to disk.
+    fn finish(mut self, header: Manifest) -> Result<()> {
+        let manifest = Manifest {
+            rows: self.entries.iter().map(|e| e.rows as u64).sum(),
+            files: std::mem::take(&mut self.entries),
+            ..header
+        };
+        let json = serde_json::to_vec_pretty(&manifest).expect("a manifest always serializes");
+        let path = self.staging.join(MANIFEST);
+        self.written.push_back((write_file(&path, &json)?, path));
+        for (file, path) in &self.written {
+            sync_file(path, file)?;
+        }
+        sync_dir(self.staging)
+    }
 }
 
 /// Writes every row of `variable` and the manifest into the empty
@@ -192,10 +273,7 @@ fn write_checkpoint<K: Key>(variable: &Variable<K>, staging: &Path) -> Result<()
         slots: !slots.is_empty(),
         scores: policy.is_some(),
     };
-    let mut entries = Vec::new();
-    // Files are flushed a few behind the one being written, so the disk
-    // writes back while the next is encoded (and few files are open at once).
-    let mut written = VecDeque::new();
+    let mut writer = FilesWriter::new(staging, codec, dim, slot_names.clone());
     for (shard, table) in variable.shards().iter().enumerate() {
         let end = table.end_of_rows();
         let mut next = 0;
@@ -212,24 +290,10 @@ fn write_checkpoint<K: Key>(variable: &Variable<K>, staging: &Path) -> Result<()
                 slots: rows.slots,
                 scores: policy.map(|_| rows.scores),
             };
-            let file = format!("shard-{shard:05}-{:05}.safetensors", entries.len());
-            let bytes = files::encode(codec, &rows, &slot_names, dim);
-            let path = staging.join(&file);
-            written.push_back((write_file(&path, &bytes)?, path));
-            if written.len() > UNSYNCED_FILES {
-                let (file, path) = written.pop_front().expect("more than zero");
-                sync_file(&path, &file)?;
-            }
-            entries.push(FileEntry {
-                file,
-                shard,
-                rows: rows.keys.len(),
-                bytes: bytes.len() as u64,
-                crc32: crc32fast::hash(&bytes),
-            });
+            writer.write(shard, &rows)?;
         }
     }
-    let manifest = Manifest {
+    writer.finish(Manifest {
         format: FORMAT.to_string(),
         version: VERSION,
         name: variable.name().to_string(),
@@ -239,16 +303,9 @@ fn write_checkpoint<K: Key>(variable: &Variable<K>, staging: &Path) -> Result<()
         slots,
         scores: policy.map(|p| p.name().to_string()),
         rows_per_file,
-        rows: entries.iter().map(|e| e.rows as u64).sum(),
-        files: entries,
-    };
-    let json = serde_json::to_vec_pretty(&manifest).expect("a manifest always serializes");
-    let path = staging.join(MANIFEST);
-    written.push_back((write_file(&path, &json)?, path));
-    for (file, path) in &written {
-        sync_file(path, file)?;
-    }
-    sync_dir(staging)
+        rows: 0,
+        files: Vec::new(),
+    })
 }
 
 /// Puts the finished `staging` directory at the checkpoint's place; the
@@ -294,8 +351,9 @@ fn exchange_unsupported(error: &std::io::Error) -> bool {
         )
 }
 
-/// Reads `index.json` from `dir` and checks that it fits `variable`.
-fn read_manifest<K: Key>(variable: &Variable<K>, dir: &Path) -> Result<Manifest> {
+/// Reads `index.json` from `dir` and checks that it holds a table of keys
+/// `K` and rows of `dim` values (`name` is the reader's, for errors).
+fn read_manifest<K: Key>(dir: &Path, name: &str, dim: usize) -> Result<Manifest> {
     let path = dir.join(MANIFEST);
     let bytes = match files::read_bounded(&path, MAX_MANIFEST_BYTES) {
         Err(Error::Io {
@@ -305,8 +363,7 @@ fn read_manifest<K: Key>(variable: &Variable<K>, dir: &Path) -> Result<Manifest>
         read => read?,
     };
     let manifest = Manifest::parse(&path, &bytes)?;
-    manifest.check_fits(dir, variable.name(), K::TYPE_NAME, variable.dim())?;
-    check_columns_fit(variable, dir, &manifest)?;
+    manifest.check_fits(dir, name, K::TYPE_NAME, dim)?;
     Ok(manifest)
 }
 
@@ -426,6 +483,35 @@ const MAX_CLOCK_AHEAD_NS: u64 = 24 * 3600 * 1_000_000_000;
 /// values, every key's shard under the variable's partitioner, timestamps
 /// not ahead of the clock) without changing anything.
 pub(crate) fn verify<K: Key>(variable: &Variable<K>, dir: &Path) -> Result<Verified> {
+    verify_with::<K>(
+        dir,
+        variable.name(),
+        variable.dim(),
+        |dir, manifest| check_columns_fit(variable, dir, manifest),
+        |rows| {
+            let shards = variable.num_shards();
+            for &bits in &rows.keys {
+                variable
+                    .partitioner()
+                    .shard_of(K::from_bits(bits), shards)?;
+            }
+            Ok(())
+        },
+    )
+}
+
+/// Locks the checkpoint at `dir` against saves and reads and checks all of
+/// it for a table called `name` with keys `K` and rows of `dim` values:
+/// the manifest (and `check_manifest`), every file's size, checksum,
+/// tensors and values (and `check_rows`), timestamps not ahead of the
+/// clock. Changes nothing.
+fn verify_with<K: Key>(
+    dir: &Path,
+    name: &str,
+    dim: usize,
+    check_manifest: impl FnOnce(&Path, &Manifest) -> Result<()>,
+    mut check_rows: impl FnMut(&FileRows) -> Result<()>,
+) -> Result<Verified> {
     let place = Place::for_read(dir)?;
     let previous = place.sibling("previous");
     // No lock file is made beside a path that holds no checkpoint.
@@ -441,7 +527,8 @@ pub(crate) fn verify<K: Key>(variable: &Variable<K>, dir: &Path) -> Result<Verif
     } else {
         place.dir.clone()
     };
-    let manifest = read_manifest(variable, &dir)?;
+    let manifest = read_manifest::<K>(&dir, name, dim)?;
+    check_manifest(&dir, &manifest)?;
     check_distinct_files(&dir, &manifest)?;
     let codec = KeyCodec::for_type(K::TYPE_NAME);
     let now = SystemTime::now()
@@ -450,12 +537,7 @@ pub(crate) fn verify<K: Key>(variable: &Variable<K>, dir: &Path) -> Result<Verif
     let latest = now.saturating_add(MAX_CLOCK_AHEAD_NS);
     let timestamps = manifest.policy() == Some(RestrictPolicy::Timestamp);
     for_each_file(&dir, &manifest, codec, |rows| {
-        let shards = variable.num_shards();
-        for &bits in &rows.keys {
-            variable
-                .partitioner()
-                .shard_of(K::from_bits(bits), shards)?;
-        }
+        check_rows(&rows)?;
         match rows.scores.as_deref() {
             Some(scores) if timestamps => match scores.iter().position(|&s| s > latest) {
                 Some(i) => Err(corrupt(

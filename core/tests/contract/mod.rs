@@ -1,0 +1,1123 @@
+//! The model-based contract of an embedding store, shared by every store's
+//! tests: random sequences of every operation against a
+//! `HashMap<u64, Vec<f32>>` model that implements the contract of `API.md`
+//! (TFRA semantics). `core/tests/model.rs` runs it on `Variable`, and
+//! `dynemb-redis` runs it on `RedisVariable` (including this file by path);
+//! a store enters through the [`Subject`] and [`Maker`] traits.
+//!
+//! - `lookup` / `lookup_with_exists` never insert; missing keys read the
+//!   initializer's row;
+//! - `lookup_or_insert` inserts missing keys with the initializer's row;
+//! - `upsert`: a key repeated in one batch, the last one wins;
+//! - `accum` (bp_v2): present && exists -> row += delta, absent && !exists ->
+//!   insert delta, otherwise ignored; a key repeated in one batch adds every
+//!   delta (the exists flags of one key are the same within a batch, as they
+//!   are when they come from `lookup_with_exists`);
+//! - `remove` ignores absent keys, `clear` empties everything;
+//! - `export` / `export_chunks` return every row exactly once.
+//!
+//! Values are small integers stored as f32 so every sum is exact. Local
+//! tables start with `init_size(1)` so they resize many times within a case.
+//! Key spaces are small so hits and misses both happen, and they include 0,
+//! MIN, MAX and negative keys. Shards and custom partitioners are
+//! `Variable`'s; a store without shards ignores them (its
+//! [`Subject::shard_size`] says `None`).
+//!
+//! A second model (`slots_and_scores_*`) adds optimizer slots and a
+//! Frequency restrict policy: `create_slot` (a fixed set of names and initial
+//! values), `update_rows` with a deterministic integer update of the row and
+//! the listed slots, `lookup_slot`, `lookup_scores` and `restrict`, mixed
+//! with inserts, upserts, accumulations and removals. Scores are modelled
+//! exactly (an insert counts 1, every upsert, applied accumulation and
+//! update one per occurrence, reads nothing); for `restrict` the model
+//! checks the number removed and that no removed row scored above a kept
+//! one (ties at the boundary go either way), then follows the store.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+
+use dynemb::{Error, Initializer, Key, RestrictPolicy, Result, SlotId};
+use proptest::collection::vec;
+use proptest::prelude::*;
+
+// ---------------------------------------------------------------- the store
+
+/// A row update as `update_rows` takes it: `(position, values, slot rows)`.
+pub type RowUpdate<'a> = dyn FnMut(usize, &mut [f32], &mut [f32]) + 'a;
+
+/// What a store under test does: `Variable`'s operations, fallible where a
+/// remote store can fail.
+pub trait Subject<K: Key> {
+    fn lookup(&self, keys: &[K], out: &mut [f32]) -> Result<()>;
+    fn lookup_with_exists(&self, keys: &[K], out: &mut [f32], exists: &mut [bool]) -> Result<()>;
+    fn lookup_or_insert(&self, keys: &[K], out: &mut [f32]) -> Result<()>;
+    fn upsert(&self, keys: &[K], values: &[f32]) -> Result<()>;
+    fn accum(&self, keys: &[K], deltas: &[f32], exists: &[bool]) -> Result<()>;
+    fn remove(&self, keys: &[K]) -> Result<()>;
+    fn clear(&self) -> Result<()>;
+    fn size(&self) -> Result<usize>;
+    /// Rows in one shard; `None` for a store without shards.
+    fn shard_size(&self, shard: usize) -> Option<usize>;
+    fn export(&self) -> Result<(Vec<K>, Vec<f32>)>;
+    fn export_chunks(&self, rows_per_chunk: usize) -> Vec<Result<(Vec<K>, Vec<f32>)>>;
+    fn create_slot(&self, name: &str, initial: f32) -> Result<SlotId>;
+    fn slot_id(&self, name: &str) -> Result<SlotId>;
+    fn slot_names(&self) -> Result<Vec<String>>;
+    fn slot_initial(&self, slot: SlotId) -> Result<f32>;
+    fn lookup_slot(&self, slot: SlotId, keys: &[K], out: &mut [f32]) -> Result<()>;
+    fn lookup_scores(&self, keys: &[K], out: &mut [u64]) -> Result<()>;
+    fn update_rows(&self, keys: &[K], slots: &[SlotId], update: &mut RowUpdate<'_>) -> Result<()>;
+    fn restrict(&self, num_reserved: usize, trigger: usize) -> Result<usize>;
+}
+
+/// What a case asks of a new store.
+pub struct Spec {
+    /// Unique among the stores of one case.
+    pub name: &'static str,
+    pub dim: usize,
+    pub initializer: Initializer,
+    pub policy: Option<RestrictPolicy>,
+    /// Shards (for stores that have them).
+    pub shards: usize,
+    /// Whether to partition with [`custom_partition`] (for stores with
+    /// shards).
+    pub custom_partitioner: bool,
+}
+
+/// Makes empty stores for the cases.
+pub trait Maker {
+    fn make<K: TestKey>(&self, spec: Spec) -> Box<dyn Subject<K>>;
+}
+
+// ---------------------------------------------------------------- keys
+
+/// Maps a small index to a key of the type, edge values first.
+pub trait TestKey: Key + std::fmt::Display {
+    fn nth(i: usize) -> Self;
+    /// The key's numeric value (for the reference modulo partitioner).
+    fn value(self) -> i128;
+}
+
+impl TestKey for i64 {
+    fn nth(i: usize) -> Self {
+        match i {
+            0 => 0,
+            1 => -1,
+            2 => i64::MIN,
+            3 => i64::MAX,
+            4 => 1,
+            _ if i.is_multiple_of(2) => i as i64 * 7919 - 100_000,
+            _ => -(i as i64) * 0x0123_4567_89AB_CDEF,
+        }
+    }
+    fn value(self) -> i128 {
+        self as i128
+    }
+}
+
+impl TestKey for u64 {
+    fn nth(i: usize) -> Self {
+        match i {
+            0 => 0,
+            1 => u64::MAX,
+            2 => 1 << 63,
+            3 => u64::MAX - 1,
+            4 => 1,
+            _ if i.is_multiple_of(2) => i as u64 * 3,
+            _ => (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        }
+    }
+    fn value(self) -> i128 {
+        self as i128
+    }
+}
+
+impl TestKey for i32 {
+    fn nth(i: usize) -> Self {
+        match i {
+            0 => 0,
+            1 => -1,
+            2 => i32::MIN,
+            3 => i32::MAX,
+            4 => 1,
+            _ => i as i32 * 7919 - 100_000,
+        }
+    }
+    fn value(self) -> i128 {
+        self as i128
+    }
+}
+
+impl TestKey for u32 {
+    fn nth(i: usize) -> Self {
+        match i {
+            0 => 0,
+            1 => u32::MAX,
+            2 => 1 << 31,
+            3 => u32::MAX - 1,
+            4 => 1,
+            _ => (i as u32).wrapping_mul(0x9E37_79B9),
+        }
+    }
+    fn value(self) -> i128 {
+        self as i128
+    }
+}
+
+// ---------------------------------------------------------------- cases
+
+#[derive(Clone, Debug)]
+pub enum InitKind {
+    Zeros,
+    Constant(i8),
+    /// Integer-valued row derived from the seed.
+    Values(u32),
+    /// RandomUniform with this seed: compared with a tolerance, the expected
+    /// row of a missing key comes from an untouched twin variable.
+    Uniform(u64),
+}
+
+#[derive(Clone, Debug)]
+pub enum Flags {
+    /// The flags `lookup_with_exists` reports right before the accum.
+    Truth,
+    /// Random flags, the same for every occurrence of a key in the batch.
+    Random(u64),
+}
+
+#[derive(Clone, Debug)]
+pub enum Op {
+    Lookup(Vec<usize>),
+    LookupWithExists(Vec<usize>),
+    LookupOrInsert(Vec<usize>),
+    Upsert(Vec<usize>, u32),
+    Accum(Vec<usize>, u32, Flags),
+    Remove(Vec<usize>),
+    Clear,
+    Export,
+    ExportChunks(usize),
+    Size,
+}
+
+#[derive(Clone, Debug)]
+pub struct Case {
+    key_type: u8,
+    dim: usize,
+    init: InitKind,
+    shards: usize,
+    custom_partitioner: bool,
+    ops: Vec<Op>,
+}
+
+const MAX_BATCH: usize = 12;
+const MAX_OPS: usize = 200;
+
+fn batch(n: usize) -> impl Strategy<Value = Vec<usize>> {
+    vec(0..n, 0..MAX_BATCH)
+}
+
+fn op_strategy(n: usize) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => batch(n).prop_map(Op::Lookup),
+        3 => batch(n).prop_map(Op::LookupWithExists),
+        4 => batch(n).prop_map(Op::LookupOrInsert),
+        4 => (batch(n), any::<u32>()).prop_map(|(k, s)| Op::Upsert(k, s)),
+        3 => (batch(n), any::<u32>()).prop_map(|(k, s)| Op::Accum(k, s, Flags::Truth)),
+        3 => (batch(n), any::<u32>(), any::<u64>())
+            .prop_map(|(k, s, f)| Op::Accum(k, s, Flags::Random(f))),
+        3 => batch(n).prop_map(Op::Remove),
+        1 => Just(Op::Clear),
+        1 => Just(Op::Export),
+        1 => (1usize..6).prop_map(Op::ExportChunks),
+        1 => Just(Op::Size),
+    ]
+}
+
+fn init_strategy() -> impl Strategy<Value = InitKind> {
+    prop_oneof![
+        Just(InitKind::Zeros),
+        (-4i8..=4).prop_map(InitKind::Constant),
+        any::<u32>().prop_map(InitKind::Values),
+        any::<u64>().prop_map(InitKind::Uniform),
+    ]
+}
+
+pub fn case_strategy(multi_shard: bool) -> impl Strategy<Value = Case> {
+    let shards = if multi_shard {
+        (2usize..=3).boxed()
+    } else {
+        Just(1usize).boxed()
+    };
+    let custom = if multi_shard {
+        any::<bool>().boxed()
+    } else {
+        Just(false).boxed()
+    };
+    (
+        0u8..4,
+        prop_oneof![Just(1usize), Just(3), Just(64), Just(130)],
+        init_strategy(),
+        shards,
+        custom,
+        1usize..40,
+    )
+        .prop_flat_map(
+            |(key_type, dim, init, shards, custom_partitioner, key_space)| {
+                vec(op_strategy(key_space), 1..MAX_OPS).prop_map(move |ops| Case {
+                    key_type,
+                    dim,
+                    init: init.clone(),
+                    shards,
+                    custom_partitioner,
+                    ops,
+                })
+            },
+        )
+}
+
+// ---------------------------------------------------------------- model
+
+/// Small integer in [-8, 8] for (seed, row, column).
+fn small_int(seed: u32, r: usize, c: usize) -> f32 {
+    let x = (seed as u64)
+        .wrapping_add(r as u64 * 31)
+        .wrapping_add(c as u64 * 7)
+        % 17;
+    x as f32 - 8.0
+}
+
+pub fn custom_partition(bits: u64, n: usize) -> usize {
+    (bits.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 59) as usize % n
+}
+
+struct Runner<K: TestKey> {
+    var: Box<dyn Subject<K>>,
+    /// Untouched variable with the same random initializer: its lookups give
+    /// the initializer row of any key.
+    twin: Option<Box<dyn Subject<K>>>,
+    init: InitKind,
+    dim: usize,
+    shards: usize,
+    custom: bool,
+    approx: bool,
+    model: HashMap<u64, Vec<f32>>,
+}
+
+impl<K: TestKey> Runner<K> {
+    fn new<M: Maker>(maker: &M, case: &Case) -> Self {
+        let make = |name: &'static str| {
+            let initializer = match case.init {
+                InitKind::Zeros => Initializer::Zeros,
+                InitKind::Constant(c) => Initializer::Constant(c as f32),
+                InitKind::Values(s) => {
+                    Initializer::Values((0..case.dim).map(|c| small_int(s, 0, c)).collect())
+                }
+                InitKind::Uniform(seed) => Initializer::RandomUniform {
+                    low: -1.0,
+                    high: 1.0,
+                    seed,
+                },
+            };
+            maker.make::<K>(Spec {
+                name,
+                dim: case.dim,
+                initializer,
+                policy: None,
+                shards: case.shards,
+                custom_partitioner: case.custom_partitioner,
+            })
+        };
+        Runner {
+            var: make("model"),
+            twin: matches!(case.init, InitKind::Uniform(_)).then(|| make("twin")),
+            init: case.init.clone(),
+            dim: case.dim,
+            shards: case.shards,
+            custom: case.custom_partitioner,
+            approx: matches!(case.init, InitKind::Uniform(_)),
+            model: HashMap::new(),
+        }
+    }
+
+    fn init_row(&self, k: K) -> Vec<f32> {
+        match self.init {
+            InitKind::Zeros => vec![0.0; self.dim],
+            InitKind::Constant(c) => vec![c as f32; self.dim],
+            InitKind::Values(s) => (0..self.dim).map(|c| small_int(s, 0, c)).collect(),
+            InitKind::Uniform(_) => {
+                let twin = self.twin.as_ref().unwrap();
+                let mut out = vec![0.0; self.dim];
+                twin.lookup(&[k], &mut out).unwrap();
+                assert_eq!(twin.size().unwrap(), 0, "lookup inserted into the twin");
+                assert!(out.iter().all(|x| (-1.0..=1.0).contains(x)), "{out:?}");
+                out
+            }
+        }
+    }
+
+    fn expected_row(&self, k: K) -> Vec<f32> {
+        match self.model.get(&k.to_bits()) {
+            Some(r) => r.clone(),
+            None => self.init_row(k),
+        }
+    }
+
+    fn assert_rows(&self, what: &str, keys: &[K], got: &[f32], want: &[f32]) {
+        assert_eq!(got.len(), want.len());
+        for (i, k) in keys.iter().enumerate() {
+            let g = &got[i * self.dim..(i + 1) * self.dim];
+            let w = &want[i * self.dim..(i + 1) * self.dim];
+            let ok = if self.approx {
+                g.iter()
+                    .zip(w)
+                    .all(|(a, b)| (a - b).abs() <= 1e-4 * b.abs().max(1.0))
+            } else {
+                g == w
+            };
+            assert!(
+                ok,
+                "{what}: key {k} (#{i} of {keys:?}): got {g:?}, want {w:?}"
+            );
+        }
+    }
+
+    fn shard_of(&self, k: K) -> usize {
+        if self.custom {
+            custom_partition(k.to_bits(), self.shards)
+        } else {
+            k.value().rem_euclid(self.shards as i128) as usize
+        }
+    }
+
+    fn check_sizes(&self) {
+        assert_eq!(self.var.size().unwrap(), self.model.len(), "size()");
+        if self.var.shard_size(0).is_none() {
+            return;
+        }
+        let mut per_shard = vec![0usize; self.shards];
+        for &bits in self.model.keys() {
+            per_shard[self.shard_of(K::from_bits(bits))] += 1;
+        }
+        for (s, &n) in per_shard.iter().enumerate() {
+            assert_eq!(self.var.shard_size(s), Some(n), "shard_size({s})");
+        }
+    }
+
+    fn check_export(&self) {
+        let (keys, values) = self.var.export().unwrap();
+        assert_eq!(values.len(), keys.len() * self.dim);
+        let mut seen = HashMap::new();
+        for (i, k) in keys.iter().enumerate() {
+            let r = values[i * self.dim..(i + 1) * self.dim].to_vec();
+            assert!(
+                seen.insert(k.to_bits(), r).is_none(),
+                "export: key {k} twice"
+            );
+        }
+        self.check_map("export", &seen);
+    }
+
+    fn check_map(&self, what: &str, got: &HashMap<u64, Vec<f32>>) {
+        assert_eq!(got.len(), self.model.len(), "{what}: row count");
+        for (bits, want) in &self.model {
+            let k = K::from_bits(*bits);
+            let g = got
+                .get(bits)
+                .unwrap_or_else(|| panic!("{what}: key {k} missing"));
+            self.assert_rows(what, &[k], g, want);
+        }
+    }
+
+    fn apply(&mut self, op: &Op) {
+        let dim = self.dim;
+        let keys_of = |idx: &[usize]| idx.iter().map(|&i| K::nth(i)).collect::<Vec<K>>();
+        match op {
+            Op::Lookup(idx) => {
+                let keys = keys_of(idx);
+                let want: Vec<f32> = keys.iter().flat_map(|&k| self.expected_row(k)).collect();
+                let mut out = vec![f32::NAN; keys.len() * dim];
+                self.var.lookup(&keys, &mut out).unwrap();
+                self.assert_rows("lookup", &keys, &out, &want);
+            }
+            Op::LookupWithExists(idx) => {
+                let keys = keys_of(idx);
+                let want: Vec<f32> = keys.iter().flat_map(|&k| self.expected_row(k)).collect();
+                let want_exists: Vec<bool> = keys
+                    .iter()
+                    .map(|k| self.model.contains_key(&k.to_bits()))
+                    .collect();
+                let mut out = vec![f32::NAN; keys.len() * dim];
+                let mut exists = vec![false; keys.len()];
+                self.var
+                    .lookup_with_exists(&keys, &mut out, &mut exists)
+                    .unwrap();
+                assert_eq!(exists, want_exists, "lookup_with_exists flags for {keys:?}");
+                self.assert_rows("lookup_with_exists", &keys, &out, &want);
+            }
+            Op::LookupOrInsert(idx) => {
+                let keys = keys_of(idx);
+                for &k in &keys {
+                    if !self.model.contains_key(&k.to_bits()) {
+                        let r = self.init_row(k);
+                        self.model.insert(k.to_bits(), r);
+                    }
+                }
+                let want: Vec<f32> = keys.iter().flat_map(|&k| self.expected_row(k)).collect();
+                let mut out = vec![f32::NAN; keys.len() * dim];
+                self.var.lookup_or_insert(&keys, &mut out).unwrap();
+                self.assert_rows("lookup_or_insert", &keys, &out, &want);
+            }
+            Op::Upsert(idx, seed) => {
+                let keys = keys_of(idx);
+                let values: Vec<f32> = (0..keys.len())
+                    .flat_map(|r| (0..dim).map(move |c| small_int(*seed, r, c)))
+                    .collect();
+                self.var.upsert(&keys, &values).unwrap();
+                for (r, k) in keys.iter().enumerate() {
+                    self.model
+                        .insert(k.to_bits(), values[r * dim..(r + 1) * dim].to_vec());
+                }
+            }
+            Op::Accum(idx, seed, flags) => {
+                let keys = keys_of(idx);
+                let deltas: Vec<f32> = (0..keys.len())
+                    .flat_map(|r| (0..dim).map(move |c| small_int(seed.wrapping_add(1), r, c)))
+                    .collect();
+                let exists: Vec<bool> = match flags {
+                    Flags::Truth => {
+                        let mut out = vec![0.0; keys.len() * dim];
+                        let mut e = vec![false; keys.len()];
+                        self.var
+                            .lookup_with_exists(&keys, &mut out, &mut e)
+                            .unwrap();
+                        e
+                    }
+                    Flags::Random(bits) => {
+                        idx.iter().map(|&i| (bits >> (i % 64)) & 1 == 1).collect()
+                    }
+                };
+                self.var.accum(&keys, &deltas, &exists).unwrap();
+                // Presence is decided by the state before the batch.
+                let before: Vec<bool> = keys
+                    .iter()
+                    .map(|k| self.model.contains_key(&k.to_bits()))
+                    .collect();
+                for (r, k) in keys.iter().enumerate() {
+                    let d = &deltas[r * dim..(r + 1) * dim];
+                    match (before[r], exists[r]) {
+                        (true, true) => {
+                            let row = self.model.get_mut(&k.to_bits()).unwrap();
+                            for (x, y) in row.iter_mut().zip(d) {
+                                *x += y;
+                            }
+                        }
+                        (false, false) => {
+                            let row = self
+                                .model
+                                .entry(k.to_bits())
+                                .or_insert_with(|| vec![0.0; dim]);
+                            for (x, y) in row.iter_mut().zip(d) {
+                                *x += y;
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            Op::Remove(idx) => {
+                let keys = keys_of(idx);
+                self.var.remove(&keys).unwrap();
+                for k in &keys {
+                    self.model.remove(&k.to_bits());
+                }
+            }
+            Op::Clear => {
+                self.var.clear().unwrap();
+                self.model.clear();
+            }
+            Op::Export => self.check_export(),
+            Op::ExportChunks(n) => {
+                let mut seen = HashMap::new();
+                for item in self.var.export_chunks(*n) {
+                    let (keys, values) = item.unwrap();
+                    assert!(keys.len() <= *n, "chunk of {} rows, limit {n}", keys.len());
+                    assert_eq!(values.len(), keys.len() * dim);
+                    for (i, k) in keys.iter().enumerate() {
+                        let r = values[i * dim..(i + 1) * dim].to_vec();
+                        assert!(
+                            seen.insert(k.to_bits(), r).is_none(),
+                            "export_chunks: {k} twice"
+                        );
+                    }
+                }
+                self.check_map("export_chunks", &seen);
+            }
+            Op::Size => self.check_sizes(),
+        }
+        assert_eq!(
+            self.var.size().unwrap(),
+            self.model.len(),
+            "size() after {op:?}"
+        );
+    }
+}
+
+fn run_typed<K: TestKey, M: Maker>(maker: &M, case: &Case) {
+    // The key table must be injective for the model to make sense.
+    let mut bits: Vec<u64> = (0..40).map(|i| K::nth(i).to_bits()).collect();
+    bits.sort_unstable();
+    bits.dedup();
+    assert_eq!(
+        bits.len(),
+        40,
+        "test key table of {} is not injective",
+        K::TYPE_NAME
+    );
+
+    let mut runner = Runner::<K>::new(maker, case);
+    for op in &case.ops {
+        runner.apply(op);
+    }
+    runner.check_sizes();
+    runner.check_export();
+    // Every key of the space reads what the model says.
+    let keys: Vec<K> = (0..40).map(K::nth).collect();
+    let want: Vec<f32> = keys.iter().flat_map(|&k| runner.expected_row(k)).collect();
+    let mut out = vec![0.0; keys.len() * case.dim];
+    runner.var.lookup(&keys, &mut out).unwrap();
+    runner.assert_rows("final lookup", &keys, &out, &want);
+}
+
+/// Runs a case of the first model on stores from `maker`.
+pub fn run<M: Maker>(maker: &M, case: Case) {
+    match case.key_type {
+        0 => run_typed::<i64, M>(maker, &case),
+        1 => run_typed::<u64, M>(maker, &case),
+        2 => run_typed::<i32, M>(maker, &case),
+        _ => run_typed::<u32, M>(maker, &case),
+    }
+}
+
+/// The proptest settings of the models, with `cases` cases.
+pub fn config(cases: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases,
+        // Never write regression files into the source tree.
+        failure_persistence: None,
+        max_shrink_iters: 2048,
+        ..ProptestConfig::default()
+    }
+}
+
+/// A fixed long sequence on the largest dim with a tiny key space: many
+/// duplicates, many resizes after clears.
+pub fn long_fixed_sequence<M: Maker>(maker: &M) {
+    let mut ops = Vec::new();
+    for i in 0..2000usize {
+        let b: Vec<usize> = (0..(i % 11)).map(|j| (i * 7 + j * 13) % 9).collect();
+        ops.push(match i % 9 {
+            0 => Op::LookupOrInsert(b),
+            1 => Op::Accum(b, i as u32, Flags::Truth),
+            2 => Op::Accum(b, i as u32, Flags::Random(i as u64 * 0x9E37_79B9)),
+            3 => Op::Upsert(b, i as u32),
+            4 => Op::Remove(b),
+            5 => Op::LookupWithExists(b),
+            6 => Op::Lookup(b),
+            7 if i % 500 == 7 => Op::Clear,
+            7 => Op::ExportChunks(1 + i % 4),
+            _ => Op::Size,
+        });
+    }
+    for (key_type, shards, custom) in [
+        (0u8, 1usize, false),
+        (1, 3, true),
+        (2, 2, false),
+        (3, 3, false),
+    ] {
+        run(
+            maker,
+            Case {
+                key_type,
+                dim: 130,
+                init: InitKind::Constant(2),
+                shards,
+                custom_partitioner: custom,
+                ops: ops.clone(),
+            },
+        );
+    }
+}
+
+// ---------------------------------------------------------------- slots and scores
+
+/// The slots a case may create: (name, initial value).
+const SLOTS: [(&str, f32); 3] = [("m", 0.0), ("v", 0.5), ("acc", -1.0)];
+
+#[derive(Clone, Debug)]
+pub enum SlotOp {
+    /// Creates `SLOTS[i]` (again: the same id).
+    CreateSlot(usize),
+    /// `update_rows` of the keys with the created slots whose bit is set in
+    /// the mask (in reverse creation order if `reverse`), update seeded by
+    /// the `u32`.
+    UpdateRows(Vec<usize>, u8, bool, u32),
+    /// `lookup_slot` of `SLOTS[i]` (`UnknownSlot` if not created yet).
+    LookupSlot(usize, Vec<usize>),
+    LookupScores(Vec<usize>),
+    Lookup(Vec<usize>),
+    LookupOrInsert(Vec<usize>),
+    Upsert(Vec<usize>, u32),
+    Accum(Vec<usize>, u32, Flags),
+    Remove(Vec<usize>),
+    /// `restrict(num_reserved, trigger)`.
+    Restrict(usize, usize),
+    Export,
+}
+
+#[derive(Clone, Debug)]
+pub struct SlotCase {
+    key_type: u8,
+    dim: usize,
+    init: i8,
+    shards: usize,
+    custom_partitioner: bool,
+    ops: Vec<SlotOp>,
+}
+
+fn slot_op_strategy(n: usize) -> impl Strategy<Value = SlotOp> {
+    prop_oneof![
+        2 => (0usize..SLOTS.len()).prop_map(SlotOp::CreateSlot),
+        6 => (batch(n), any::<u8>(), any::<bool>(), any::<u32>())
+            .prop_map(|(k, m, r, s)| SlotOp::UpdateRows(k, m, r, s)),
+        3 => ((0usize..SLOTS.len()), batch(n)).prop_map(|(s, k)| SlotOp::LookupSlot(s, k)),
+        3 => batch(n).prop_map(SlotOp::LookupScores),
+        2 => batch(n).prop_map(SlotOp::Lookup),
+        2 => batch(n).prop_map(SlotOp::LookupOrInsert),
+        3 => (batch(n), any::<u32>()).prop_map(|(k, s)| SlotOp::Upsert(k, s)),
+        2 => (batch(n), any::<u32>()).prop_map(|(k, s)| SlotOp::Accum(k, s, Flags::Truth)),
+        1 => (batch(n), any::<u32>(), any::<u64>())
+            .prop_map(|(k, s, f)| SlotOp::Accum(k, s, Flags::Random(f))),
+        3 => batch(n).prop_map(SlotOp::Remove),
+        2 => ((0..n + 2), prop_oneof![Just(0usize), 0..n + 2])
+            .prop_map(|(r, t)| SlotOp::Restrict(r, t)),
+        1 => Just(SlotOp::Export),
+    ]
+}
+
+pub fn slot_case_strategy() -> impl Strategy<Value = SlotCase> {
+    (
+        0u8..4,
+        prop_oneof![Just(1usize), Just(3), Just(8)],
+        -3i8..=3,
+        1usize..=3,
+        any::<bool>(),
+        1usize..30,
+    )
+        .prop_flat_map(|(key_type, dim, init, shards, custom, key_space)| {
+            vec(slot_op_strategy(key_space), 1..MAX_OPS).prop_map(move |ops| SlotCase {
+                key_type,
+                dim,
+                init,
+                shards,
+                custom_partitioner: custom && shards > 1,
+                ops,
+            })
+        })
+}
+
+/// A non-zero small integer (deltas that always change the row).
+fn nonzero_int(seed: u32, r: usize, c: usize) -> f32 {
+    let x = small_int(seed, r, c);
+    if x == 0.0 {
+        1.0
+    } else {
+        x
+    }
+}
+
+/// The deterministic optimizer step of `SlotOp::UpdateRows`: the row gets a
+/// small integer per element, then each listed slot (whose `SLOTS` index is
+/// `kinds[j]`) adds the new value times `kind + 1`. Used by the closure and
+/// by the model alike (same operations, same order: bit-exact).
+fn slot_step(seed: u32, pos: usize, kinds: &[usize], values: &mut [f32], slots: &mut [f32]) {
+    let dim = values.len();
+    for (c, x) in values.iter_mut().enumerate() {
+        *x += small_int(seed, pos, c);
+    }
+    for (j, &kind) in kinds.iter().enumerate() {
+        for c in 0..dim {
+            slots[j * dim + c] += values[c] * (kind as f32 + 1.0);
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct ModelRow {
+    values: Vec<f32>,
+    /// Per `SLOTS` index; `None` reads the slot's initial value.
+    slots: [Option<Vec<f32>>; 3],
+    score: u64,
+}
+
+struct SlotRunner<K: TestKey> {
+    var: Box<dyn Subject<K>>,
+    dim: usize,
+    init: f32,
+    /// `SLOTS` indexes in creation order, with their ids.
+    created: Vec<(usize, SlotId)>,
+    model: HashMap<u64, ModelRow>,
+}
+
+impl<K: TestKey> SlotRunner<K> {
+    fn new<M: Maker>(maker: &M, case: &SlotCase) -> Self {
+        SlotRunner {
+            var: maker.make::<K>(Spec {
+                name: "slot_model",
+                dim: case.dim,
+                initializer: Initializer::Constant(case.init as f32),
+                policy: Some(RestrictPolicy::Frequency),
+                shards: case.shards,
+                custom_partitioner: case.custom_partitioner,
+            }),
+            dim: case.dim,
+            init: case.init as f32,
+            created: Vec::new(),
+            model: HashMap::new(),
+        }
+    }
+
+    fn fresh_row(&self) -> ModelRow {
+        ModelRow {
+            values: vec![self.init; self.dim],
+            slots: [None, None, None],
+            score: 0,
+        }
+    }
+
+    fn slot_of(&self, kind: usize) -> Option<SlotId> {
+        self.created
+            .iter()
+            .find(|&&(k, _)| k == kind)
+            .map(|&(_, id)| id)
+    }
+
+    fn model_slot(&self, kind: usize, key: K) -> Vec<f32> {
+        self.model
+            .get(&key.to_bits())
+            .and_then(|row| row.slots[kind].clone())
+            .unwrap_or_else(|| vec![SLOTS[kind].1; self.dim])
+    }
+
+    fn model_values(&self, key: K) -> Vec<f32> {
+        self.model
+            .get(&key.to_bits())
+            .map_or_else(|| vec![self.init; self.dim], |row| row.values.clone())
+    }
+
+    fn model_score(&self, key: K) -> u64 {
+        self.model.get(&key.to_bits()).map_or(0, |row| row.score)
+    }
+
+    fn check_lookup(&self, what: &str, keys: &[K]) {
+        let mut out = vec![f32::NAN; keys.len() * self.dim];
+        self.var.lookup(keys, &mut out).unwrap();
+        let want: Vec<f32> = keys.iter().flat_map(|&k| self.model_values(k)).collect();
+        assert_eq!(out, want, "{what}: lookup of {keys:?}");
+    }
+
+    fn check_slot(&self, what: &str, kind: usize, keys: &[K]) {
+        let Some(id) = self.slot_of(kind) else {
+            assert!(
+                matches!(
+                    self.var.slot_id(SLOTS[kind].0),
+                    Err(Error::UnknownSlot { .. })
+                ),
+                "{what}: slot {} not created yet",
+                SLOTS[kind].0
+            );
+            return;
+        };
+        assert_eq!(self.var.slot_id(SLOTS[kind].0).unwrap(), id);
+        let mut out = vec![f32::NAN; keys.len() * self.dim];
+        self.var.lookup_slot(id, keys, &mut out).unwrap();
+        let want: Vec<f32> = keys
+            .iter()
+            .flat_map(|&k| self.model_slot(kind, k))
+            .collect();
+        assert_eq!(out, want, "{what}: slot {} of {keys:?}", SLOTS[kind].0);
+    }
+
+    fn check_scores(&self, what: &str, keys: &[K]) {
+        let mut out = vec![u64::MAX; keys.len()];
+        self.var.lookup_scores(keys, &mut out).unwrap();
+        let want: Vec<u64> = keys.iter().map(|&k| self.model_score(k)).collect();
+        assert_eq!(out, want, "{what}: scores of {keys:?}");
+    }
+
+    fn apply(&mut self, op: &SlotOp) {
+        let dim = self.dim;
+        let keys_of = |idx: &[usize]| idx.iter().map(|&i| K::nth(i)).collect::<Vec<K>>();
+        match op {
+            SlotOp::CreateSlot(kind) => {
+                let (name, initial) = SLOTS[*kind];
+                let id = self.var.create_slot(name, initial).unwrap();
+                match self.slot_of(*kind) {
+                    Some(existing) => assert_eq!(id, existing, "create_slot {name} again"),
+                    None => {
+                        assert_eq!(id.index(), self.created.len(), "slot index of {name}");
+                        self.created.push((*kind, id));
+                    }
+                }
+                let names: Vec<&str> = self.created.iter().map(|&(k, _)| SLOTS[k].0).collect();
+                assert_eq!(self.var.slot_names().unwrap(), names);
+                assert_eq!(self.var.slot_initial(id).unwrap(), initial);
+            }
+            SlotOp::UpdateRows(idx, mask, reverse, seed) => {
+                let keys = keys_of(idx);
+                let mut listed: Vec<(usize, SlotId)> = self
+                    .created
+                    .iter()
+                    .copied()
+                    .filter(|&(kind, _)| mask >> kind & 1 == 1)
+                    .collect();
+                if *reverse {
+                    listed.reverse();
+                }
+                let kinds: Vec<usize> = listed.iter().map(|&(k, _)| k).collect();
+                let ids: Vec<SlotId> = listed.iter().map(|&(_, id)| id).collect();
+                // The model, in batch order (each key's occurrences in order).
+                let mut expected_inputs = Vec::with_capacity(keys.len());
+                for (pos, &k) in keys.iter().enumerate() {
+                    let mut row = self
+                        .model
+                        .remove(&k.to_bits())
+                        .unwrap_or_else(|| self.fresh_row());
+                    let mut slots: Vec<f32> = kinds
+                        .iter()
+                        .flat_map(|&kind| {
+                            row.slots[kind]
+                                .clone()
+                                .unwrap_or_else(|| vec![SLOTS[kind].1; dim])
+                        })
+                        .collect();
+                    expected_inputs.push((row.values.clone(), slots.clone()));
+                    slot_step(*seed, pos, &kinds, &mut row.values, &mut slots);
+                    for (j, &kind) in kinds.iter().enumerate() {
+                        row.slots[kind] = Some(slots[j * dim..(j + 1) * dim].to_vec());
+                    }
+                    row.score += 1;
+                    self.model.insert(k.to_bits(), row);
+                }
+                let mut calls = vec![0usize; keys.len()];
+                self.var
+                    .update_rows(&keys, &ids, &mut |pos, values, slots| {
+                        calls[pos] += 1;
+                        let (want_values, want_slots) = &expected_inputs[pos];
+                        assert_eq!(values, &want_values[..], "update_rows input row #{pos}");
+                        assert_eq!(slots, &want_slots[..], "update_rows input slots #{pos}");
+                        slot_step(*seed, pos, &kinds, values, slots);
+                    })
+                    .unwrap();
+                assert!(calls.iter().all(|&c| c == 1), "positions called {calls:?}");
+            }
+            SlotOp::LookupSlot(kind, idx) => {
+                let keys = keys_of(idx);
+                self.check_slot("lookup_slot", *kind, &keys);
+            }
+            SlotOp::LookupScores(idx) => self.check_scores("lookup_scores", &keys_of(idx)),
+            SlotOp::Lookup(idx) => self.check_lookup("lookup", &keys_of(idx)),
+            SlotOp::LookupOrInsert(idx) => {
+                let keys = keys_of(idx);
+                for &k in &keys {
+                    if !self.model.contains_key(&k.to_bits()) {
+                        let mut row = self.fresh_row();
+                        row.score = 1;
+                        self.model.insert(k.to_bits(), row);
+                    }
+                }
+                let mut out = vec![f32::NAN; keys.len() * dim];
+                self.var.lookup_or_insert(&keys, &mut out).unwrap();
+                let want: Vec<f32> = keys.iter().flat_map(|&k| self.model_values(k)).collect();
+                assert_eq!(out, want, "lookup_or_insert of {keys:?}");
+            }
+            SlotOp::Upsert(idx, seed) => {
+                let keys = keys_of(idx);
+                let values: Vec<f32> = (0..keys.len())
+                    .flat_map(|r| (0..dim).map(move |c| small_int(*seed, r, c)))
+                    .collect();
+                self.var.upsert(&keys, &values).unwrap();
+                for (r, k) in keys.iter().enumerate() {
+                    let fresh = self.fresh_row();
+                    let row = self.model.entry(k.to_bits()).or_insert(fresh);
+                    row.values = values[r * dim..(r + 1) * dim].to_vec();
+                    row.score += 1;
+                }
+            }
+            SlotOp::Accum(idx, seed, flags) => {
+                let keys = keys_of(idx);
+                let deltas: Vec<f32> = (0..keys.len())
+                    .flat_map(|r| (0..dim).map(move |c| nonzero_int(*seed, r, c)))
+                    .collect();
+                let before: Vec<bool> = keys
+                    .iter()
+                    .map(|k| self.model.contains_key(&k.to_bits()))
+                    .collect();
+                let exists: Vec<bool> = match flags {
+                    Flags::Truth => before.clone(),
+                    Flags::Random(bits) => {
+                        idx.iter().map(|&i| (bits >> (i % 64)) & 1 == 1).collect()
+                    }
+                };
+                self.var.accum(&keys, &deltas, &exists).unwrap();
+                for (r, k) in keys.iter().enumerate() {
+                    let d = &deltas[r * dim..(r + 1) * dim];
+                    match (before[r], exists[r]) {
+                        (true, true) => {
+                            let row = self.model.get_mut(&k.to_bits()).unwrap();
+                            for (x, y) in row.values.iter_mut().zip(d) {
+                                *x += y;
+                            }
+                            row.score += 1;
+                        }
+                        (false, false) => {
+                            let mut fresh = self.fresh_row();
+                            fresh.values = vec![0.0; dim];
+                            let row = self.model.entry(k.to_bits()).or_insert(fresh);
+                            for (x, y) in row.values.iter_mut().zip(d) {
+                                *x += y;
+                            }
+                            row.score += 1;
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            SlotOp::Remove(idx) => {
+                let keys = keys_of(idx);
+                self.var.remove(&keys).unwrap();
+                for k in &keys {
+                    self.model.remove(&k.to_bits());
+                }
+            }
+            SlotOp::Restrict(num_reserved, trigger) => {
+                let len = self.model.len();
+                let want_removed = if len <= *trigger {
+                    0
+                } else {
+                    len.saturating_sub(*num_reserved)
+                };
+                let removed = self.var.restrict(*num_reserved, *trigger).unwrap();
+                assert_eq!(
+                    removed, want_removed,
+                    "restrict({num_reserved}, {trigger}) of {len} rows"
+                );
+                let all: Vec<u64> = self.model.keys().copied().collect();
+                let keys: Vec<K> = all.iter().map(|&b| K::from_bits(b)).collect();
+                let mut out = vec![0.0; keys.len() * dim];
+                let mut exists = vec![false; keys.len()];
+                self.var
+                    .lookup_with_exists(&keys, &mut out, &mut exists)
+                    .unwrap();
+                let (mut kept_min, mut removed_max) = (u64::MAX, 0);
+                let mut gone = 0;
+                for (bits, &present) in all.iter().zip(&exists) {
+                    let score = self.model[bits].score;
+                    if present {
+                        kept_min = kept_min.min(score);
+                    } else {
+                        removed_max = removed_max.max(score);
+                        gone += 1;
+                        self.model.remove(bits);
+                    }
+                }
+                assert_eq!(gone, removed, "rows missing after restrict");
+                assert!(
+                    gone == 0 || removed_max <= kept_min,
+                    "restrict removed a row scored {removed_max} but kept one scored {kept_min}"
+                );
+            }
+            SlotOp::Export => {
+                let (keys, values) = self.var.export().unwrap();
+                assert_eq!(keys.len(), self.model.len(), "export row count");
+                for (i, k) in keys.iter().enumerate() {
+                    let row = self
+                        .model
+                        .get(&k.to_bits())
+                        .unwrap_or_else(|| panic!("export: unexpected key {k}"));
+                    assert_eq!(values[i * dim..(i + 1) * dim], row.values, "export of {k}");
+                }
+            }
+        }
+        assert_eq!(
+            self.var.size().unwrap(),
+            self.model.len(),
+            "size() after {op:?}"
+        );
+    }
+
+    /// Every key of the space: values, every slot (created or not) and score.
+    fn check_all(&self) {
+        let keys: Vec<K> = (0..40).map(K::nth).collect();
+        self.check_lookup("final", &keys);
+        for kind in 0..SLOTS.len() {
+            self.check_slot("final", kind, &keys);
+        }
+        self.check_scores("final", &keys);
+    }
+}
+
+fn run_slot_typed<K: TestKey, M: Maker>(maker: &M, case: &SlotCase) {
+    let mut runner = SlotRunner::<K>::new(maker, case);
+    for op in &case.ops {
+        runner.apply(op);
+    }
+    runner.check_all();
+}
+
+/// Runs a case of the slots-and-scores model on a store from `maker`.
+pub fn run_slots<M: Maker>(maker: &M, case: SlotCase) {
+    match case.key_type {
+        0 => run_slot_typed::<i64, M>(maker, &case),
+        1 => run_slot_typed::<u64, M>(maker, &case),
+        2 => run_slot_typed::<i32, M>(maker, &case),
+        _ => run_slot_typed::<u32, M>(maker, &case),
+    }
+}
+
+/// A fixed long sequence: slots created between writes, many updates,
+/// removals and restricts over a tiny key space.
+pub fn slots_and_scores_long_fixed_sequence<M: Maker>(maker: &M) {
+    let mut ops = Vec::new();
+    for i in 0..1500usize {
+        let b: Vec<usize> = (0..(i % 9)).map(|j| (i * 5 + j * 11) % 13).collect();
+        ops.push(match i % 10 {
+            0 if i % 300 == 0 => SlotOp::CreateSlot((i / 300) % 3),
+            0..=2 => SlotOp::UpdateRows(b, (i % 8) as u8, i % 4 == 1, i as u32),
+            3 => SlotOp::Upsert(b, i as u32),
+            4 => SlotOp::Accum(b, i as u32, Flags::Truth),
+            5 => SlotOp::LookupSlot(i % 3, b),
+            6 => SlotOp::Remove(b),
+            7 if i % 70 == 7 => SlotOp::Restrict(i % 7, i % 5),
+            7 => SlotOp::LookupOrInsert(b),
+            8 => SlotOp::LookupScores(b),
+            _ => SlotOp::Export,
+        });
+    }
+    for (key_type, dim, shards, custom) in [
+        (0u8, 3usize, 1usize, false),
+        (1, 8, 3, true),
+        (3, 1, 2, false),
+    ] {
+        run_slots(
+            maker,
+            SlotCase {
+                key_type,
+                dim,
+                init: 1,
+                shards,
+                custom_partitioner: custom,
+                ops: ops.clone(),
+            },
+        );
+    }
+}

@@ -1,0 +1,190 @@
+//! [`RedisConfig`]: where the servers are and how long to wait for them.
+//!
+//! One configuration serves a single Redis server and a Redis Cluster
+//! alike: the client asks the first reachable node of
+//! [`nodes`](RedisConfig::nodes) whether cluster mode is on, and in a
+//! cluster learns every master from it (so one node of the cluster is
+//! enough; list several so that opening works while one is down).
+//!
+//! Every wait is bounded: connecting to a node by
+//! [`connect_timeout`](RedisConfig::connect_timeout), each exchange with a
+//! node by [`command_timeout`](RedisConfig::command_timeout). A node that is
+//! down or silent is an [`Error::Backend`] within
+//! those bounds, never a hang.
+
+use dynemb::{Error, Result};
+use std::time::Duration;
+
+/// How to reach the Redis servers of a
+/// [`RedisVariable`](crate::RedisVariable) and how its rows are laid out
+/// there. `Default` is a single local server (`127.0.0.1:6379`), no
+/// password, 256 buckets, prefix `"dynemb"`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisConfig {
+    /// `host:port` of the server, or of some nodes of the cluster (one
+    /// reachable node is enough; the others are found through it).
+    pub nodes: Vec<String>,
+    /// How long opening a connection to a node may take.
+    pub connect_timeout: Duration,
+    /// How long one exchange with a node (a batch's pipeline, or a script
+    /// call) may take before it fails with a timeout. Size it for the
+    /// largest batch: a pipeline of a million rows takes a few seconds.
+    pub command_timeout: Duration,
+    /// The ACL user to log in as (`AUTH user password`), if any.
+    pub username: Option<String>,
+    /// The password (`requirepass`, or the ACL user's), if any.
+    pub password: Option<String>,
+    /// Buckets a variable's rows are spread over, each one Redis hash (on
+    /// one node of a cluster). More buckets spread a variable more evenly
+    /// over a cluster's nodes; fewer make a batch fewer, larger commands.
+    /// Fixed when the variable is first created (reopening it with another
+    /// count is an [`Error::Mismatch`]). At least 1, at most 2^20.
+    pub buckets: u32,
+    /// The namespace of every Redis key this crate writes (TFRA's model
+    /// tag): models or versions under different prefixes never meet. Must
+    /// not contain `{` or `}` (they would change which cluster node a
+    /// bucket lives on).
+    pub prefix: String,
+}
+
+/// Most buckets a variable may have.
+pub const MAX_BUCKETS: u32 = 1 << 20;
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        RedisConfig {
+            nodes: vec!["127.0.0.1:6379".to_string()],
+            connect_timeout: Duration::from_secs(2),
+            command_timeout: Duration::from_secs(10),
+            username: None,
+            password: None,
+            buckets: 256,
+            prefix: "dynemb".to_string(),
+        }
+    }
+}
+
+impl std::fmt::Debug for RedisConfig {
+    /// The password is never printed.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("nodes", &self.nodes)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("command_timeout", &self.command_timeout)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<hidden>"))
+            .field("buckets", &self.buckets)
+            .field("prefix", &self.prefix)
+            .finish()
+    }
+}
+
+impl RedisConfig {
+    /// A configuration for these `host:port` nodes, the rest default.
+    pub fn with_nodes<S: Into<String>>(nodes: impl IntoIterator<Item = S>) -> Self {
+        RedisConfig {
+            nodes: nodes.into_iter().map(Into::into).collect(),
+            ..RedisConfig::default()
+        }
+    }
+
+    /// Checks the settings ([`Error::InvalidArgument`] naming the bad one).
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: String| Err(Error::InvalidArgument(format!("RedisConfig: {what}")));
+        if self.nodes.is_empty() {
+            return bad("nodes must name at least one host:port".into());
+        }
+        for node in &self.nodes {
+            if parse_node(node).is_none() {
+                return bad(format!("node {node:?} is not host:port"));
+            }
+        }
+        if self.connect_timeout.is_zero() || self.command_timeout.is_zero() {
+            return bad("timeouts must be longer than zero".into());
+        }
+        if !(1..=MAX_BUCKETS).contains(&self.buckets) {
+            return bad(format!(
+                "buckets must be in 1..={MAX_BUCKETS}, got {}",
+                self.buckets
+            ));
+        }
+        if self.prefix.contains(['{', '}']) {
+            return bad(format!(
+                "prefix {:?} must not contain {{ or }}",
+                self.prefix
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `(host, port)` of a `host:port` node name (the port after the last
+/// colon, so `[::1]:7000` and `::1:7000` both work; brackets are removed).
+pub(crate) fn parse_node(node: &str) -> Option<(String, u16)> {
+    let (host, port) = node.rsplit_once(':')?;
+    let port = port.parse().ok()?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    (!host.is_empty()).then(|| (host.to_string(), port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_bad_settings_are_named() {
+        RedisConfig::default().validate().unwrap();
+        let cases = [
+            (
+                RedisConfig::with_nodes(Vec::<String>::new()),
+                "at least one",
+            ),
+            (RedisConfig::with_nodes(["localhost"]), "host:port"),
+            (
+                RedisConfig {
+                    buckets: 0,
+                    ..RedisConfig::default()
+                },
+                "buckets",
+            ),
+            (
+                RedisConfig {
+                    prefix: "a{b}".into(),
+                    ..RedisConfig::default()
+                },
+                "prefix",
+            ),
+            (
+                RedisConfig {
+                    command_timeout: Duration::ZERO,
+                    ..RedisConfig::default()
+                },
+                "timeouts",
+            ),
+        ];
+        for (config, what) in cases {
+            let err = config.validate().unwrap_err().to_string();
+            assert!(err.contains(what), "{err}");
+        }
+    }
+
+    #[test]
+    fn node_names_parse() {
+        assert_eq!(
+            parse_node("127.0.0.1:7000"),
+            Some(("127.0.0.1".into(), 7000))
+        );
+        assert_eq!(parse_node("[::1]:7001"), Some(("::1".into(), 7001)));
+        assert_eq!(parse_node("host:x"), None);
+        assert_eq!(parse_node(":7000"), None);
+    }
+
+    #[test]
+    fn debug_hides_the_password() {
+        let config = RedisConfig {
+            password: Some("hunter2".into()),
+            ..RedisConfig::default()
+        };
+        assert!(!format!("{config:?}").contains("hunter2"));
+    }
+}

@@ -1,0 +1,92 @@
+//! # dynemb-redis — dynamic embeddings stored in Redis
+//!
+//! When a model's tables outgrow one machine, or several trainer processes
+//! must share one table, its rows can live in a Redis server or a Redis
+//! Cluster (TFRA's `RedisTable` route). A [`RedisVariable`] has the
+//! semantics of a local [`dynemb::Variable`] and implements the same
+//! [`dynemb::EmbeddingStore`] trait, so `dynemb-optim`'s optimizers and
+//! `dynemb-candle`'s layers train it unchanged.
+//!
+//! ```no_run
+//! use dynemb::Initializer;
+//! use dynemb_redis::{RedisConfig, RedisVariable};
+//!
+//! let config = RedisConfig::with_nodes(["127.0.0.1:7000", "127.0.0.1:7001"]);
+//! let emb = RedisVariable::<i64>::builder("user_emb")
+//!     .dim(8)
+//!     .initializer(Initializer::Constant(0.5))
+//!     .config(config)
+//!     .build()?;
+//! let mut rows = vec![0.0; 2 * 8];
+//! emb.lookup_or_insert(&[7, -3], &mut rows)?; // training read: inserts
+//! emb.accum(&[7], &[1.0; 8], &[true])?;       // bp_v2, added on the server
+//! emb.lookup(&[7], &mut rows[..8])?;
+//! assert_eq!(rows[..8], [1.5; 8]);
+//! # Ok::<(), dynemb::Error>(())
+//! ```
+//!
+//! # Decisions
+//!
+//! - **Layout** (TFRA's, improved): rows are spread over
+//!   [`buckets`](RedisConfig::buckets) Redis hashes by a fixed 64-bit mix
+//!   of the key; bucket `b` is the hash `<prefix>:<name>:{b}`, whose hash
+//!   tag puts it on one cluster node. A field is the key's 8 bytes
+//!   (little-endian), its value the row: an 8-byte version, an 8-byte score,
+//!   the values and then each slot column, `f32` little-endian. A row
+//!   written before a slot existed lacks that column and reads its initial
+//!   value, so creating a slot rewrites nothing. `<prefix>:<name>:meta`
+//!   holds the format version, key type, dim, bucket count, initializer,
+//!   restrict policy and slots; opening a variable with other settings is
+//!   an [`Error::Mismatch`](dynemb::Error::Mismatch).
+//! - **Batches**: a batch's keys are grouped by bucket; each bucket gets one
+//!   command (`HMGET`, `HDEL` or one Lua script call), each node one
+//!   pipeline, and every node's pipeline is sent before any reply is read:
+//!   one round trip per node, all nodes at once. Routing is this crate's
+//!   own (the cluster's CRC16 slots, `CLUSTER SLOTS`, `MOVED`/`ASK`
+//!   followed per command).
+//! - **Atomicity**: every write that depends on a row's current state runs
+//!   in a Lua script on the row's bucket (`EVALSHA`): `accum` adds on the
+//!   server, `upsert` keeps the row's slots, `lookup_or_insert` inserts
+//!   only absent keys. The optimizers' read-modify-write
+//!   ([`update_rows`](RedisVariable::update_rows)) is optimistic: read the
+//!   rows with their versions, run the optimizer's kernel here, write back
+//!   only the rows whose version is unchanged, retry the others (see
+//!   [`update`]).
+//! - **Failures**: a node that is down, silent or refusing is an
+//!   [`Error::Backend`](dynemb::Error::Backend) with a
+//!   [`BackendErrorKind`](dynemb::BackendErrorKind), within the connect
+//!   and command timeouts; a failed connection is dropped and the next
+//!   batch reconnects.
+//! - **Checkpoints** ([`RedisVariable::save`], `restore`, `load`) use the
+//!   local format through [`dynemb::checkpoint::save_rows`] and
+//!   [`dynemb::checkpoint::Reader`].
+//!
+//! Modules, each owning one thing:
+//! - [`config`]: servers, timeouts, password, buckets, prefix;
+//! - `node`: one server and its connection pool (reconnects, timeouts);
+//! - `cluster`: the slot map and one pipelined round trip per node per
+//!   batch, all nodes at once, with redirections followed;
+//! - `layout`: keys, buckets and the bytes of a row (the storage format);
+//! - `meta`: the variable's metadata, checked when opening;
+//! - `scripts`: the Lua scripts that make writes atomic on the server;
+//! - `variable`, `slots`, `scan`, [`update`], `checkpoint`, `store`: the
+//!   variable's operations.
+#![warn(missing_docs)]
+
+mod batch;
+mod checkpoint;
+mod cluster;
+pub mod config;
+mod layout;
+mod meta;
+mod node;
+mod reply;
+mod scan;
+mod scripts;
+mod slots;
+mod store;
+pub mod update;
+mod variable;
+
+pub use config::RedisConfig;
+pub use variable::{RedisVariable, RedisVariableBuilder};

@@ -1,0 +1,211 @@
+//! [`Node`]: one Redis server (a single server, or one master of a
+//! cluster) and a pool of connections to it.
+//!
+//! A connection is taken from the pool for one exchange (a pipeline sent,
+//! its replies read) and put back only if the exchange completed, so a
+//! connection in the pool never has replies pending. Any failure on a
+//! connection drops it and every other idle connection of the node (after a
+//! node restarts, all of them are dead); the next exchange connects afresh.
+//! That is the whole reconnect logic: a node that comes back is used again
+//! by the next batch.
+//!
+//! Every wait is bounded: connecting by the configured connect timeout,
+//! sending and each reply by the command timeout. A new connection
+//! authenticates (the redis crate does, from the password given) and loads
+//! the crate's Lua scripts ([`crate::scripts`]) before its first use, so
+//! `EVALSHA` finds them even on a node that just restarted empty.
+
+use crate::config::RedisConfig;
+use crate::scripts::ALL_SCRIPTS;
+use dynemb::{BackendErrorKind, Error, Result};
+use redis::{Client, Connection, ConnectionAddr, IntoConnectionInfo, RedisError, Value};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+/// Idle connections kept per node (more are opened when more threads
+/// exchange with the node at once, and closed after use).
+const MAX_IDLE: usize = 16;
+
+/// One Redis server and its idle connections.
+pub(crate) struct Node {
+    /// `host:port`, as the cluster names it.
+    addr: String,
+    client: Client,
+    connect_timeout: Duration,
+    command_timeout: Duration,
+    idle: Mutex<Vec<Connection>>,
+}
+
+/// A connection taken from a node's pool for one exchange.
+pub(crate) struct Lease {
+    conn: Connection,
+    /// Whether it came from the pool (it may have died while idle).
+    reused: bool,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node").field("addr", &self.addr).finish()
+    }
+}
+
+impl Node {
+    /// A node at `host:port` (not connected yet).
+    pub(crate) fn new(host: &str, port: u16, config: &RedisConfig) -> Result<Node> {
+        let addr = format!("{host}:{port}");
+        let mut redis_info = redis::RedisConnectionInfo::default().set_skip_set_lib_name();
+        if let Some(user) = &config.username {
+            redis_info = redis_info.set_username(user);
+        }
+        if let Some(password) = &config.password {
+            redis_info = redis_info.set_password(password);
+        }
+        let info = ConnectionAddr::Tcp(host.to_string(), port)
+            .into_connection_info()
+            .map_err(|e| backend_error(&addr, &e))?
+            .set_redis_settings(redis_info);
+        let client = Client::open(info).map_err(|e| backend_error(&addr, &e))?;
+        Ok(Node {
+            addr,
+            client,
+            connect_timeout: config.connect_timeout,
+            command_timeout: config.command_timeout,
+            idle: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// `host:port`.
+    pub(crate) fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// An idle connection, or a new one.
+    pub(crate) fn lease(&self) -> Result<Lease> {
+        let idle = self
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        match idle {
+            Some(conn) => Ok(Lease { conn, reused: true }),
+            None => Ok(Lease {
+                conn: self.connect()?,
+                reused: false,
+            }),
+        }
+    }
+
+    /// Opens, authenticates and prepares a connection (timeouts set,
+    /// scripts loaded).
+    fn connect(&self) -> Result<Connection> {
+        let fail = |e: RedisError| backend_error(&self.addr, &e);
+        let mut conn = self
+            .client
+            .get_connection_with_timeout(self.connect_timeout)
+            .map_err(fail)?;
+        conn.set_read_timeout(Some(self.command_timeout))
+            .map_err(fail)?;
+        conn.set_write_timeout(Some(self.command_timeout))
+            .map_err(fail)?;
+        let mut load = redis::pipe();
+        for script in ALL_SCRIPTS.iter() {
+            load.cmd("SCRIPT").arg("LOAD").arg(script.code());
+        }
+        load.exec(&mut conn).map_err(fail)?;
+        Ok(conn)
+    }
+
+    /// Sends a packed pipeline on `lease` (first half of an exchange: the
+    /// replies are read by [`Node::receive`], so that every node of a batch
+    /// works at once). A failure drops the node's idle connections.
+    pub(crate) fn send(&self, lease: &mut Lease, packed: &[u8]) -> Result<()> {
+        lease
+            .conn
+            .send_packed_command(packed)
+            .map_err(|e| self.failed(&e))
+    }
+
+    /// Puts an unused, healthy `lease` back in the pool.
+    pub(crate) fn give_back(&self, lease: Lease) {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        if idle.len() < MAX_IDLE {
+            idle.push(lease.conn);
+        }
+    }
+
+    /// Reads `count` replies from `lease` and puts it back in the pool.
+    /// Error replies are values ([`Value::ServerError`]); a broken or
+    /// silent connection is an error, and the connection is dropped with
+    /// the node's idle ones.
+    pub(crate) fn receive(&self, mut lease: Lease, count: usize) -> Result<Vec<Value>> {
+        let mut replies = Vec::with_capacity(count);
+        for _ in 0..count {
+            // Error replies come back as `Ok(Value::ServerError)`; an `Err`
+            // is the connection failing (broken, timed out, garbled).
+            let reply = lease.conn.recv_response().map_err(|e| self.failed(&e))?;
+            replies.push(reply);
+        }
+        self.give_back(lease);
+        Ok(replies)
+    }
+
+    /// [`Node::send`] and [`Node::receive`] of one pipeline. If `retry_stale`
+    /// and the connection came from the pool and failed as a dead
+    /// connection does, the exchange is tried once more on a new
+    /// connection (only for exchanges that may safely run twice: reads).
+    pub(crate) fn exchange(
+        &self,
+        packed: &[u8],
+        count: usize,
+        retry_stale: bool,
+    ) -> Result<Vec<Value>> {
+        let mut lease = self.lease()?;
+        let reused = lease.reused;
+        let result = self
+            .send(&mut lease, packed)
+            .and_then(|()| self.receive(lease, count));
+        match result {
+            Err(Error::Backend {
+                kind: BackendErrorKind::Unavailable,
+                ..
+            }) if reused && retry_stale => {
+                let mut fresh = Lease {
+                    conn: self.connect()?,
+                    reused: false,
+                };
+                self.send(&mut fresh, packed)?;
+                self.receive(fresh, count)
+            }
+            result => result,
+        }
+    }
+
+    /// The error for a failed exchange on this node; its idle connections
+    /// are dropped (a node that failed once has likely restarted or gone).
+    fn failed(&self, error: &RedisError) -> Error {
+        self.idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+        backend_error(&self.addr, error)
+    }
+}
+
+/// The [`Error::Backend`] for a redis client error on node `addr`.
+pub(crate) fn backend_error(addr: &str, error: &RedisError) -> Error {
+    let kind = if error.is_timeout() {
+        BackendErrorKind::Timeout
+    } else if error.is_io_error() || error.is_connection_dropped() || error.is_connection_refusal()
+    {
+        BackendErrorKind::Unavailable
+    } else if error.is_cluster_error() {
+        BackendErrorKind::NotServing
+    } else {
+        BackendErrorKind::Server
+    };
+    Error::Backend {
+        store: format!("redis {addr}"),
+        kind,
+        message: error.to_string(),
+    }
+}

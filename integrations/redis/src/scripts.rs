@@ -1,0 +1,374 @@
+//! The Lua scripts that run on the servers: every write that depends on a
+//! row's current state happens inside one script call on the row's bucket,
+//! which Redis runs atomically, so concurrent writers (threads or
+//! processes) never lose one another's updates.
+//!
+//! Each bucket script takes the bucket's key as `KEYS[1]` and works on the
+//! rows named in `ARGV`, in order (so a key repeated in one batch behaves
+//! as it does on a local variable). Rows are laid out as [`crate::layout`]
+//! says: an 8-byte version, an 8-byte score, then `f32`s, all
+//! little-endian. Every write stores the version the client passes
+//! (random per call, see [`crate::layout::new_version`]), so a row read
+//! with version `v` and still at `v` has not been written since.
+//!
+//! Scores follow the variable's restrict policy, passed as a mode: `n` (no
+//! policy: the score stays 0), `f` (frequency: +1 per write, an insert
+//! counting as the first) or `t` (timestamp: the client's stamp for the
+//! batch).
+//!
+//! Float arithmetic (`accum`) is done in Lua's doubles and rounded to `f32`
+//! when packed: the sum of two `f32`s rounded once from double is exactly
+//! their `f32` sum, so rows match a local variable's bit for bit. A sum
+//! that would round to infinity is refused (the row is kept) and reported.
+
+use redis::Script;
+use std::sync::LazyLock;
+
+/// A Lua script: its code (loaded on every new connection) and its SHA-1
+/// (which `EVALSHA` names).
+pub(crate) struct Lua {
+    code: String,
+    script: Script,
+}
+
+impl Lua {
+    fn new(code: String) -> Lua {
+        let script = Script::new(&code);
+        Lua { code, script }
+    }
+
+    /// The script's source.
+    pub(crate) fn code(&self) -> &str {
+        &self.code
+    }
+
+    /// The SHA-1 `EVALSHA` runs it by.
+    pub(crate) fn sha(&self) -> &str {
+        self.script.get_hash()
+    }
+}
+
+/// Shared helpers of the bucket scripts: the bucket's rows read with one
+/// `HMGET` and written with one `HSET` per call (in chunks that fit Lua's
+/// stack), so a call costs a few commands however many rows it carries;
+/// the score of a written row; `f32` row unpacking.
+const BUCKET: &str = r#"
+local CHUNK = 1000
+-- The rows of fields (false for an absent one), in order.
+local function hmget(fields)
+  local out = {}
+  for i = 1, #fields, CHUNK do
+    local got = redis.call('HMGET', KEYS[1], unpack(fields, i, math.min(i + CHUNK - 1, #fields)))
+    for j = 1, #got do out[i + j - 1] = got[j] end
+  end
+  return out
+end
+-- Writes rows[f] for each field f of order.
+local function hset(order, rows)
+  for i = 1, #order, CHUNK do
+    local args = {}
+    for j = i, math.min(i + CHUNK - 1, #order) do
+      args[#args + 1] = order[j]
+      args[#args + 1] = rows[order[j]]
+    end
+    redis.call('HSET', KEYS[1], unpack(args))
+  end
+end
+"#;
+
+/// The prelude of the scripts that score their writes:
+/// `ARGV[1..3] = [mode, stamp, version]`.
+const SCORED: &str = r#"
+local MODE, STAMP, VERSION = ARGV[1], ARGV[2], ARGV[3]
+-- A sum at or beyond this magnitude rounds to infinity as an f32
+-- (2^128 - 2^103, half an ulp above f32::MAX, ties to even).
+local LIMIT = 2^128 - 2^103
+local ZERO8 = string.rep('\0', 8)
+local function next_score(cur)
+  if MODE == 't' then return STAMP end
+  if MODE == 'n' then return ZERO8 end
+  if not cur then return struct.pack('<I4I4', 1, 0) end
+  local lo, hi = struct.unpack('<I4I4', cur, 9)
+  lo = lo + 1
+  if lo == 4294967296 then
+    lo = 0
+    hi = (hi + 1) % 4294967296
+  end
+  return struct.pack('<I4I4', lo, hi)
+end
+local FORMATS = {}
+local function format(k)
+  local f = FORMATS[k]
+  if not f then
+    f = '<' .. string.rep('f', k)
+    FORMATS[k] = f
+  end
+  return f
+end
+-- The n f32s of s from byte offset at (1-based), as a table.
+local function floats(s, at, n)
+  if n <= 1024 then return {struct.unpack(format(n), s, at)} end
+  local out = {}
+  local i = 0
+  while i < n do
+    local k = math.min(n - i, 1024)
+    local got = {struct.unpack(format(k), s, at + 4 * i)}
+    for j = 1, k do out[i + j] = got[j] end
+    i = i + k
+  end
+  return out
+end
+-- The f32 bytes of the n numbers of t.
+local function pack(t, n)
+  if n <= 1024 then return struct.pack(format(n), unpack(t, 1, n)) end
+  local parts = {}
+  local i = 0
+  while i < n do
+    local k = math.min(n - i, 1024)
+    parts[#parts + 1] = struct.pack(format(k), unpack(t, i + 1, i + k))
+    i = i + k
+  end
+  return table.concat(parts)
+end
+"#;
+
+/// `lookup_or_insert`'s insert: `ARGV = [mode, stamp, version, field,
+/// body, field, body, ...]` (distinct fields); a field that is absent gets
+/// the row `version .. score .. body`. Returns, per field, `false`
+/// (inserted) or the row already there.
+pub(crate) static INSERT_ABSENT: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
+        "{BUCKET}{SCORED}{}",
+        r#"
+local fields = {}
+for i = 4, #ARGV, 2 do fields[#fields + 1] = ARGV[i] end
+local got = hmget(fields)
+local out, order, rows = {}, {}, {}
+for n = 1, #fields do
+  if got[n] then
+    out[n] = got[n]
+  else
+    out[n] = false
+    order[#order + 1] = fields[n]
+    rows[fields[n]] = VERSION .. next_score(false) .. ARGV[3 + 2 * n]
+  end
+end
+hset(order, rows)
+return out
+"#
+    ))
+});
+
+/// `upsert`: `ARGV = [mode, stamp, version, field, values, ...]`, in batch
+/// order (the last of a repeated field wins; each occurrence scores). A
+/// present row keeps its slot columns. Returns the number of rows written.
+pub(crate) static UPSERT: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
+        "{BUCKET}{SCORED}{}",
+        r#"
+local fields = {}
+for i = 4, #ARGV, 2 do fields[#fields + 1] = ARGV[i] end
+local got = hmget(fields)
+local rows, order = {}, {}
+for n = 1, #fields do
+  local f = fields[n]
+  if rows[f] == nil then
+    rows[f] = got[n]
+    order[#order + 1] = f
+  end
+  local cur = rows[f]
+  local values = ARGV[3 + 2 * n]
+  local tail = ''
+  if cur then tail = string.sub(cur, 17 + #values) end
+  rows[f] = VERSION .. next_score(cur) .. values .. tail
+end
+hset(order, rows)
+return #fields
+"#
+    ))
+});
+
+/// bp_v2 `accum`: `ARGV = [mode, stamp, version, dim, field, exists,
+/// deltas, ...]` (`exists` is `"1"` or `"0"`), in batch order. Whether a
+/// key was present is decided by the bucket's state before the call, per
+/// key: present and `exists` adds the deltas; absent and not `exists`
+/// inserts the deltas as the row (later occurrences add to it); otherwise
+/// nothing. Returns the refused rows as `[position, sign]` pairs
+/// (`position` 0-based among the call's rows, `sign` `1` or `-1` of the
+/// sum that overflowed).
+pub(crate) static ACCUM: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
+        "{BUCKET}{SCORED}{}",
+        r#"
+local dim = tonumber(ARGV[4])
+local fields = {}
+for i = 5, #ARGV, 3 do fields[#fields + 1] = ARGV[i] end
+local got = hmget(fields)
+local rows, before, dirty, order = {}, {}, {}, {}
+local refused = {}
+for n = 1, #fields do
+  local f = fields[n]
+  local exists, deltas = ARGV[3 + 3 * n] == '1', ARGV[4 + 3 * n]
+  if before[f] == nil then
+    before[f] = (got[n] ~= false)
+    rows[f] = got[n]
+  end
+  local was = before[f]
+  if (was and exists) or (not was and not exists) then
+    local cur = rows[f]
+    local new
+    if cur then
+      local row = floats(cur, 17, dim)
+      local d = floats(deltas, 1, dim)
+      local bad = nil
+      for j = 1, dim do
+        local sum = row[j] + d[j]
+        if sum >= LIMIT or sum <= -LIMIT then bad = sum; break end
+        row[j] = sum
+      end
+      if bad then
+        refused[#refused + 1] = n - 1
+        refused[#refused + 1] = bad > 0 and 1 or -1
+      else
+        new = VERSION .. next_score(cur) .. pack(row, dim) .. string.sub(cur, 17 + 4 * dim)
+      end
+    else
+      new = VERSION .. next_score(false) .. deltas
+    end
+    if new then
+      if not dirty[f] then
+        dirty[f] = true
+        order[#order + 1] = f
+      end
+      rows[f] = new
+    end
+  end
+end
+hset(order, rows)
+return refused
+"#
+    ))
+});
+
+/// `update_rows`' write-back: `ARGV = [field, expected, row, ...]`
+/// (distinct fields); a row is written only if its version is still
+/// `expected` (or, for `expected = ""`, if it is still absent). Returns the
+/// 0-based positions of the rows that changed meanwhile (not written).
+pub(crate) static WRITE_IF_UNCHANGED: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
+        "{BUCKET}{}",
+        r#"
+local fields = {}
+for i = 1, #ARGV, 3 do fields[#fields + 1] = ARGV[i] end
+local got = hmget(fields)
+local conflicts, order, rows = {}, {}, {}
+for n = 1, #fields do
+  local expected = ARGV[3 * n - 1]
+  local cur = got[n]
+  local same
+  if expected == '' then same = (cur == false) else same = cur and string.sub(cur, 1, 8) == expected end
+  if same then
+    order[#order + 1] = fields[n]
+    rows[fields[n]] = ARGV[3 * n]
+  else
+    conflicts[#conflicts + 1] = n - 1
+  end
+end
+hset(order, rows)
+return conflicts
+"#
+    ))
+});
+
+/// `restrict`'s removal: `ARGV = [field, version, ...]`; removes a row
+/// only if its version is still the one scanned. Returns the number
+/// removed.
+pub(crate) static REMOVE_IF_UNCHANGED: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
+        "{BUCKET}{}",
+        r#"
+local fields = {}
+for i = 1, #ARGV, 2 do fields[#fields + 1] = ARGV[i] end
+local got = hmget(fields)
+local victims = {}
+for n = 1, #fields do
+  if got[n] and string.sub(got[n], 1, 8) == ARGV[2 * n] then victims[#victims + 1] = fields[n] end
+end
+local removed = 0
+for i = 1, #victims, CHUNK do
+  removed = removed + redis.call('HDEL', KEYS[1], unpack(victims, i, math.min(i + CHUNK - 1, #victims)))
+end
+return removed
+"#
+    ))
+});
+
+/// `restrict`'s scan: every row's field and 16-byte header (version and
+/// score), flat: `[field, header, field, header, ...]`.
+pub(crate) static HEADERS: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r#"
+local all = redis.call('HGETALL', KEYS[1])
+local out = {}
+for i = 1, #all, 2 do
+  out[#out + 1] = all[i]
+  out[#out + 1] = string.sub(all[i + 1], 1, 16)
+end
+return out
+"#
+        .to_string(),
+    )
+});
+
+/// Opening a variable: `KEYS[1]` is its metadata hash, `ARGV = [field,
+/// value, ...]` the metadata to store if there is none yet. Returns the
+/// stored metadata (`HGETALL`): the given one, or the existing one for the
+/// client to compare.
+pub(crate) static OPEN: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('HSET', KEYS[1], unpack(ARGV))
+end
+return redis.call('HGETALL', KEYS[1])
+"#
+        .to_string(),
+    )
+});
+
+/// `create_slot`: `KEYS[1]` is the metadata hash, `ARGV = [name, initial,
+/// max]`. Slots are the fields `slot.<index>` (the name) and
+/// `slot_initial.<index>` (the initial value's `f32` bits, decimal), and
+/// `slots` counts them. Returns `[index, initial]` of the slot of that
+/// name, created if there is none (or `[-1, ""]` if there are `max`
+/// slots already).
+pub(crate) static CREATE_SLOT: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r#"
+local n = tonumber(redis.call('HGET', KEYS[1], 'slots') or '0')
+for i = 0, n - 1 do
+  if redis.call('HGET', KEYS[1], 'slot.' .. i) == ARGV[1] then
+    return {i, redis.call('HGET', KEYS[1], 'slot_initial.' .. i)}
+  end
+end
+if n >= tonumber(ARGV[3]) then return {-1, ''} end
+redis.call('HSET', KEYS[1], 'slot.' .. n, ARGV[1], 'slot_initial.' .. n, ARGV[2], 'slots', n + 1)
+return {n, ARGV[2]}
+"#
+        .to_string(),
+    )
+});
+
+/// Every script, loaded on each new connection.
+pub(crate) static ALL_SCRIPTS: LazyLock<[&'static Lua; 8]> = LazyLock::new(|| {
+    [
+        &*INSERT_ABSENT,
+        &*UPSERT,
+        &*ACCUM,
+        &*WRITE_IF_UNCHANGED,
+        &*REMOVE_IF_UNCHANGED,
+        &*HEADERS,
+        &*OPEN,
+        &*CREATE_SLOT,
+    ]
+});

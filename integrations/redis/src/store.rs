@@ -1,0 +1,46 @@
+//! [`RedisVariable`] as an [`EmbeddingStore`]: what `dynemb-optim`'s
+//! optimizers and `dynemb-candle`'s layers train, unchanged.
+
+use crate::RedisVariable;
+use dynemb::{EmbeddingStore, Key, Result, SlotId};
+
+impl<K: Key> EmbeddingStore for RedisVariable<K> {
+    type Key = K;
+
+    fn name(&self) -> &str {
+        RedisVariable::name(self)
+    }
+    fn store_id(&self) -> u64 {
+        RedisVariable::store_id(self)
+    }
+    fn dim(&self) -> usize {
+        RedisVariable::dim(self)
+    }
+    fn trainable(&self) -> bool {
+        RedisVariable::trainable(self)
+    }
+    fn lookup(&self, keys: &[K], out: &mut [f32]) -> Result<()> {
+        RedisVariable::lookup(self, keys, out)
+    }
+    fn lookup_or_insert(&self, keys: &[K], out: &mut [f32]) -> Result<()> {
+        RedisVariable::lookup_or_insert(self, keys, out)
+    }
+    fn create_slot(&self, name: &str, initial: f32) -> Result<SlotId> {
+        RedisVariable::create_slot(self, name, initial)
+    }
+    fn slot_id(&self, name: &str) -> Result<SlotId> {
+        RedisVariable::slot_id(self, name)
+    }
+    fn slot_initial(&self, slot: SlotId) -> Result<f32> {
+        RedisVariable::slot_initial(self, slot)
+    }
+    fn lookup_slot(&self, slot: SlotId, keys: &[K], out: &mut [f32]) -> Result<()> {
+        RedisVariable::lookup_slot(self, slot, keys, out)
+    }
+    fn update_rows<F>(&self, keys: &[K], slots: &[SlotId], update: F) -> Result<()>
+    where
+        F: FnMut(usize, &mut [f32], &mut [f32]),
+    {
+        RedisVariable::update_rows(self, keys, slots, update)
+    }
+}

@@ -1,0 +1,317 @@
+//! `update_rows`, the optimizers' read-modify-write of a row and its slot
+//! columns, made atomic per row **optimistically**:
+//!
+//! 1. one pipelined read (`HMGET` per bucket) of every distinct key's row,
+//!    with its version (a missing key reads as the initializer's row, its
+//!    slots at their initial values, "absent" as its version);
+//! 2. the caller's update runs here, on each key's occurrences in batch
+//!    order;
+//! 3. one pipelined write (a Lua script per bucket) stores
+//!    each new row only if the row's version is still the one read (still
+//!    absent, for a missing key); every write sets a new random version;
+//! 4. the rows that changed meanwhile are read and updated again, until
+//!    none is left (at most [`MAX_ROUNDS`] rounds, then
+//!    [`BackendErrorKind::Contention`]).
+//!
+//! So an update is applied to the row exactly as stored, once: concurrent
+//! updates, accumulations and upserts of a key (from threads or
+//! processes) never lose one another, and a reader never sees half an
+//! update (a row is one hash field, written whole). Server-side updates
+//! would need each optimizer's rule in Lua; the optimistic scheme keeps
+//! one rule, in Rust, for local and remote stores, and costs two round
+//! trips per batch when rows are not contended. The caller's update may
+//! run more than once for a key (its result of a conflicting round is
+//! dropped), which [`EmbeddingStore::update_rows`]'s contract allows.
+//!
+//! A result holding a NaN or an infinity is not written (the occurrence is
+//! skipped, a missing key is not inserted by it), as on a local variable;
+//! the call then returns [`Error::NonFinite`] naming the first such
+//! position.
+//!
+//! [`EmbeddingStore::update_rows`]: dynemb::EmbeddingStore::update_rows
+
+use crate::batch::Grouped;
+use crate::layout::{self, Row, HEADER};
+use crate::reply;
+use crate::scripts;
+use crate::variable::{script_cmd, RedisVariable};
+use dynemb::{BackendErrorKind, Error, Key, RestrictPolicy, Result, SlotId};
+use redis::Value;
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// Rounds of conflicts an `update_rows` call retries before giving up.
+pub const MAX_ROUNDS: usize = 100;
+
+/// One distinct key of the batch being updated.
+struct Target {
+    bits: u64,
+    /// Its positions in the batch, in order.
+    positions: Vec<usize>,
+}
+
+/// A refused update: the batch position and the non-finite value it left.
+type Refusal = (usize, f32);
+
+/// A new row computed from a stored one, to be written if unchanged.
+struct NewRow {
+    /// The version read (`None`: the key was absent).
+    expected: Option<[u8; 8]>,
+    row: Vec<u8>,
+}
+
+/// A row computed in one round, to be written if unchanged.
+struct Computed {
+    /// Index in the targets.
+    target: usize,
+    new: NewRow,
+}
+
+/// A row to write if the stored row's version is still `expected`
+/// (`None`: if the key is still absent).
+pub(crate) struct VersionedWrite<'a> {
+    pub bits: u64,
+    pub expected: Option<[u8; 8]>,
+    pub row: &'a [u8],
+}
+
+impl<K: Key> RedisVariable<K> {
+    /// The optimizers' primitive: runs `update(i, values, slot_rows)` on
+    /// each key's row and its rows of `slots`, atomically per row (see the
+    /// [module docs](self)), inserting a missing key with the initializer's
+    /// row and the slots' initial values. A key repeated in `keys` is
+    /// updated once per occurrence. `slots` must not repeat a slot
+    /// ([`Error::InvalidArgument`]). `update` should depend only on its
+    /// arguments: it may run again for a row that another writer changed
+    /// meanwhile.
+    pub fn update_rows(
+        &self,
+        keys: &[K],
+        slots: &[SlotId],
+        mut update: impl FnMut(usize, &mut [f32], &mut [f32]),
+    ) -> Result<()> {
+        let mut seen = [false; dynemb::MAX_SLOTS];
+        for &slot in slots {
+            self.check_slot(slot)?;
+            if slot.index() >= dynemb::MAX_SLOTS {
+                return Err(Error::InvalidArgument(format!(
+                    "variable {:?} has no slot {}",
+                    self.name(),
+                    slot.index()
+                )));
+            }
+            if std::mem::replace(&mut seen[slot.index()], true) {
+                return Err(Error::InvalidArgument(format!(
+                    "slot {} is given more than once",
+                    slot.index()
+                )));
+            }
+        }
+        let top = slots.iter().map(|s| s.index()).max();
+        let initials: Vec<f32> = match top {
+            Some(top) => self.slots_through(top)?.iter().map(|&(_, v)| v).collect(),
+            None => Vec::new(),
+        };
+        let mut index_of: HashMap<u64, usize> = HashMap::new();
+        let mut targets: Vec<Target> = Vec::new();
+        for (i, k) in keys.iter().enumerate() {
+            let bits = k.to_bits();
+            let t = *index_of.entry(bits).or_insert_with(|| {
+                targets.push(Target {
+                    bits,
+                    positions: Vec::new(),
+                });
+                targets.len() - 1
+            });
+            targets[t].positions.push(i);
+        }
+        let mut pending: Vec<usize> = (0..targets.len()).collect();
+        let mut refused: Option<Refusal> = None;
+        for round in 0..MAX_ROUNDS {
+            if pending.is_empty() {
+                break;
+            }
+            if round > 1 {
+                std::thread::sleep(Duration::from_micros(200 * round.min(20) as u64));
+            }
+            let bits: Vec<u64> = pending.iter().map(|&t| targets[t].bits).collect();
+            let grouped = Grouped::new(&bits, self.buckets())?;
+            let rows = self.fetch(&bits, &grouped)?;
+            let mut computed = Vec::with_capacity(pending.len());
+            let mut round_refused = HashMap::new();
+            for (&t, stored) in pending.iter().zip(&rows) {
+                let (row, refusal) = self.compute(
+                    &targets[t],
+                    stored.as_deref(),
+                    slots,
+                    &initials,
+                    &mut update,
+                )?;
+                if let Some(refusal) = refusal {
+                    round_refused.insert(t, refusal);
+                }
+                if let Some(new) = row {
+                    computed.push(Computed { target: t, new });
+                }
+            }
+            let writes: Vec<VersionedWrite<'_>> = computed
+                .iter()
+                .map(|c| VersionedWrite {
+                    bits: targets[c.target].bits,
+                    expected: c.new.expected,
+                    row: &c.new.row,
+                })
+                .collect();
+            let conflicts: Vec<usize> = self
+                .write_if_unchanged(&writes)?
+                .into_iter()
+                .map(|i| computed[i].target)
+                .collect();
+            for (t, refusal) in round_refused {
+                if !conflicts.contains(&t) && refused.is_none_or(|(first, _)| refusal.0 < first) {
+                    refused = Some(refusal);
+                }
+            }
+            pending = conflicts;
+        }
+        if !pending.is_empty() {
+            return Err(Error::Backend {
+                store: self.store().to_string(),
+                kind: BackendErrorKind::Contention,
+                message: format!(
+                    "update_rows: {} row(s) still changed by other writers after {MAX_ROUNDS} rounds",
+                    pending.len()
+                ),
+            });
+        }
+        match refused {
+            None => Ok(()),
+            Some((index, value)) => Err(Error::NonFinite {
+                what: "update_rows result",
+                index,
+                value,
+            }),
+        }
+    }
+
+    /// Runs the update of one key on its stored row (`None`: absent).
+    /// Returns the row to write with the version it expects (`None` if
+    /// every occurrence was refused) and the first refused occurrence.
+    fn compute(
+        &self,
+        target: &Target,
+        stored: Option<&[u8]>,
+        slots: &[SlotId],
+        initials: &[f32],
+        update: &mut impl FnMut(usize, &mut [f32], &mut [f32]),
+    ) -> Result<(Option<NewRow>, Option<Refusal>)> {
+        let dim = self.dim();
+        let row = stored
+            .map(|b| Row::parse(b, dim, self.store()))
+            .transpose()?;
+        let mut values = vec![0.0; dim];
+        let mut slot_rows = vec![0.0; dim * slots.len()];
+        match &row {
+            Some(row) => row.values_into(&mut values),
+            None => self.initializer().fill(target.bits, &mut values),
+        }
+        for (j, slot) in slots.iter().enumerate() {
+            let part = &mut slot_rows[j * dim..(j + 1) * dim];
+            match &row {
+                Some(row) => row.slot_into(slot.index(), initials[slot.index()], part),
+                None => part.fill(initials[slot.index()]),
+            }
+        }
+        let mut applied = 0u64;
+        let mut refused = None;
+        let (mut try_values, mut try_slots) = (values.clone(), slot_rows.clone());
+        for &position in &target.positions {
+            update(position, &mut try_values, &mut try_slots);
+            let bad = try_values
+                .iter()
+                .chain(&try_slots)
+                .find(|v| !v.is_finite())
+                .copied();
+            match bad {
+                None => {
+                    values.copy_from_slice(&try_values);
+                    slot_rows.copy_from_slice(&try_slots);
+                    applied += 1;
+                }
+                Some(value) => {
+                    refused.get_or_insert((position, value));
+                    try_values.copy_from_slice(&values);
+                    try_slots.copy_from_slice(&slot_rows);
+                }
+            }
+        }
+        if applied == 0 {
+            return Ok((None, refused));
+        }
+        let score = match self.restrict_policy() {
+            None => 0,
+            Some(RestrictPolicy::Frequency) => row.map_or(0, |r| r.score()).wrapping_add(applied),
+            Some(RestrictPolicy::Timestamp) => dynemb::restrict::next_timestamp(),
+        };
+        let columns = row
+            .map_or(0, |r| r.slot_columns())
+            .max(slots.iter().map(|s| s.index() + 1).max().unwrap_or(0));
+        let mut bytes = Vec::with_capacity(HEADER + 4 * dim * (1 + columns));
+        bytes.extend_from_slice(&layout::new_version());
+        bytes.extend_from_slice(&score.to_le_bytes());
+        layout::f32_bytes(&values, &mut bytes);
+        for column in 0..columns {
+            if let Some(j) = slots.iter().position(|s| s.index() == column) {
+                layout::f32_bytes(&slot_rows[j * dim..(j + 1) * dim], &mut bytes);
+            } else if let Some(old) = row.and_then(|r| r.slot_bytes(column)) {
+                bytes.extend_from_slice(old);
+            } else {
+                let initial = self.slot_initial(SlotId::new(self.store_id(), column))?;
+                layout::f32_bytes(&vec![initial; dim], &mut bytes);
+            }
+        }
+        let new = NewRow {
+            expected: row.map(|r| r.version()),
+            row: bytes,
+        };
+        Ok((Some(new), refused))
+    }
+
+    /// Writes each row of `writes` whose stored version is still the
+    /// expected one, one script per bucket, one round trip per node;
+    /// returns the indexes in `writes` of the rows that changed meanwhile
+    /// (not written).
+    pub(crate) fn write_if_unchanged(&self, writes: &[VersionedWrite<'_>]) -> Result<Vec<usize>> {
+        if writes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let bits: Vec<u64> = writes.iter().map(|w| w.bits).collect();
+        let grouped = Grouped::new(&bits, self.buckets())?;
+        let mut requests = Vec::with_capacity(grouped.len());
+        for (bucket, positions) in grouped.iter() {
+            let mut cmd = script_cmd(&scripts::WRITE_IF_UNCHANGED, self.bucket_key(bucket));
+            for &p in positions {
+                let write = &writes[p as usize];
+                cmd.arg(&layout::field(write.bits)[..])
+                    .arg(write.expected.as_ref().map_or(&[][..], |v| &v[..]))
+                    .arg(write.row);
+            }
+            requests.push(self.bucket_request(bucket, &cmd));
+        }
+        let replies = self.inner.cluster.run(&requests, false)?;
+        let mut conflicts = Vec::new();
+        for ((_, positions), reply) in grouped.iter().zip(replies) {
+            for item in reply::array(self.store(), "versioned write", reply)? {
+                let at = reply::int(self.store(), "versioned write", item)?;
+                let p = usize::try_from(at)
+                    .ok()
+                    .and_then(|a| positions.get(a))
+                    .ok_or_else(|| {
+                        reply::unexpected(self.store(), "versioned write", &Value::Int(at))
+                    })?;
+                conflicts.push(*p as usize);
+            }
+        }
+        Ok(conflicts)
+    }
+}

@@ -1,0 +1,717 @@
+//! [`RedisVariable`]: its handle, builder, and the batch operations
+//! (lookups, inserts, upserts, `accum`, removal, size, scores). Slots,
+//! `update_rows`, scans and checkpoints are in their own modules.
+
+use crate::batch::Grouped;
+use crate::cluster::{Cluster, Request};
+use crate::config::RedisConfig;
+use crate::layout::{self, Row};
+use crate::meta::Meta;
+use crate::reply;
+use crate::scripts::{self, Lua};
+use dynemb::{Error, Initializer, Key, RestrictPolicy, Result, SlotId};
+use redis::Value;
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+/// A dynamic embedding table stored in Redis: rows of `dim` `f32`s keyed by
+/// `K`, shared by every process that opens it, with
+/// [`Variable`](dynemb::Variable)'s semantics. Clones share one connection
+/// pool.
+///
+/// - [`lookup`](RedisVariable::lookup) never inserts: a missing key reads
+///   the initializer's row, computed here by the variable's
+///   [`Initializer`] exactly as a local variable computes it
+///   (deterministic per key), and that row is what
+///   [`lookup_or_insert`](RedisVariable::lookup_or_insert) stores;
+/// - [`upsert`](RedisVariable::upsert): a key repeated in a batch, the last
+///   one wins; a present row keeps its slot columns;
+/// - [`accum`](RedisVariable::accum) follows bp_v2's truth table, adding on
+///   the server (a script per bucket), so concurrent trainers' deltas all
+///   count;
+/// - [`update_rows`](RedisVariable::update_rows) is atomic per row (see
+///   [`update`](crate::update));
+/// - inputs are checked before anything is sent: a wrong length, a
+///   non-finite value or delta, a slot of another store is an error that
+///   changes nothing.
+///
+/// Every batch costs one pipelined round trip per node (two for a
+/// `lookup_or_insert` that inserts: the read, then the inserts; an
+/// `update_rows` takes one more per round of conflicts). What a remote
+/// store adds to a local one's errors is [`Error::Backend`]: a batch that
+/// fails that way may have been applied on some nodes and not others, each
+/// row whole or not at all.
+///
+/// Scores follow the restrict policy as on a local variable (see
+/// [`dynemb::restrict`]): every write of a row counts or stamps it, reads
+/// leave it; a timestamp is taken once per batch from the process's clock
+/// ([`dynemb::restrict::next_timestamp`]), so processes on machines with
+/// skewed clocks stamp accordingly.
+pub struct RedisVariable<K: Key> {
+    pub(crate) inner: Arc<Inner>,
+    _key: PhantomData<fn() -> K>,
+}
+
+pub(crate) struct Inner {
+    pub id: u64,
+    pub name: String,
+    /// `"redis <prefix>:<name>"`, for errors.
+    pub store: String,
+    pub dim: usize,
+    pub initializer: Initializer,
+    pub policy: Option<RestrictPolicy>,
+    pub trainable: bool,
+    pub checkpoint: bool,
+    pub buckets: u32,
+    /// Redis key of each bucket.
+    pub bucket_keys: Vec<Vec<u8>>,
+    pub meta_key: Vec<u8>,
+    pub cluster: Cluster,
+    /// Slot names and initial values by index, as last read from the
+    /// metadata (slots are only ever appended).
+    pub slots: RwLock<Vec<(String, f32)>>,
+}
+
+impl<K: Key> Clone for RedisVariable<K> {
+    fn clone(&self) -> Self {
+        RedisVariable {
+            inner: Arc::clone(&self.inner),
+            _key: PhantomData,
+        }
+    }
+}
+
+impl<K: Key> std::fmt::Debug for RedisVariable<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisVariable")
+            .field("name", &self.inner.name)
+            .field("store", &self.inner.store)
+            .field("key", &K::TYPE_NAME)
+            .field("dim", &self.inner.dim)
+            .field("buckets", &self.inner.buckets)
+            .field("nodes", &self.inner.cluster.node_addrs())
+            .finish()
+    }
+}
+
+/// Settings of a [`RedisVariable`] to open. Defaults: dim 1,
+/// [`Initializer::Zeros`], trainable, checkpointed, no restrict policy,
+/// [`RedisConfig::default`].
+#[derive(Debug, Clone)]
+pub struct RedisVariableBuilder<K: Key> {
+    name: String,
+    dim: usize,
+    initializer: Initializer,
+    restrict_policy: Option<RestrictPolicy>,
+    trainable: bool,
+    checkpoint: bool,
+    config: RedisConfig,
+    _key: PhantomData<fn() -> K>,
+}
+
+impl<K: Key> RedisVariableBuilder<K> {
+    /// Values per row (default 1; 0 or more than
+    /// [`MAX_DIM`](dynemb::MAX_DIM) is an error when opening).
+    pub fn dim(mut self, dim: usize) -> Self {
+        self.dim = dim;
+        self
+    }
+
+    /// How rows of missing keys are made (default [`Initializer::Zeros`]).
+    /// Every process opening the variable must use the same one.
+    pub fn initializer(mut self, initializer: Initializer) -> Self {
+        self.initializer = initializer;
+        self
+    }
+
+    /// Keeps a score per row for `policy`, for
+    /// [`RedisVariable::restrict`] (default: none).
+    pub fn restrict_policy(mut self, policy: RestrictPolicy) -> Self {
+        self.restrict_policy = Some(policy);
+        self
+    }
+
+    /// Whether optimizers train this variable (default true; a property of
+    /// this handle, not stored).
+    pub fn trainable(mut self, yes: bool) -> Self {
+        self.trainable = yes;
+        self
+    }
+
+    /// Whether checkpoints save this variable (default true; a property of
+    /// this handle, not stored).
+    pub fn checkpoint(mut self, yes: bool) -> Self {
+        self.checkpoint = yes;
+        self
+    }
+
+    /// Where the servers are, and the layout settings (buckets, prefix).
+    pub fn config(mut self, config: RedisConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Connects, and creates the variable's metadata if it does not exist
+    /// yet, or checks that the existing variable has this key type, dim,
+    /// bucket count, initializer and restrict policy
+    /// ([`Error::Mismatch`] otherwise).
+    pub fn build(self) -> Result<RedisVariable<K>> {
+        if self.dim == 0 || self.dim > dynemb::MAX_DIM {
+            return Err(Error::InvalidArgument(format!(
+                "variable {:?}: dim must be in 1..={}, got {}",
+                self.name,
+                dynemb::MAX_DIM,
+                self.dim
+            )));
+        }
+        if self.name.is_empty() || self.name.contains(['{', '}']) {
+            return Err(Error::InvalidArgument(format!(
+                "variable name {:?} must not be empty or contain {{ or }}",
+                self.name
+            )));
+        }
+        self.initializer.validate(self.dim)?;
+        self.config.validate()?;
+        let cluster = Cluster::connect(&self.config)?;
+        let prefix = &self.config.prefix;
+        let store = format!("redis {prefix}:{}", self.name);
+        let meta = Meta::new(
+            K::TYPE_NAME,
+            self.dim,
+            self.config.buckets,
+            &self.initializer,
+            self.restrict_policy,
+        );
+        let meta_key = layout::meta_key(prefix, &self.name);
+        let mut open = script_cmd(&scripts::OPEN, &meta_key);
+        for (field, value) in meta.fields() {
+            open.arg(field).arg(value);
+        }
+        let reply = cluster
+            .run(&[Request::new(&meta_key, &open)], false)?
+            .pop()
+            .expect("one reply");
+        let slots = meta.check(&self.name, &store, reply)?;
+        let mut addrs = cluster.node_addrs();
+        addrs.sort();
+        let id = table_id(&format!("{}|{prefix}:{}", addrs.join(","), self.name));
+        Ok(RedisVariable {
+            inner: Arc::new(Inner {
+                id,
+                bucket_keys: (0..self.config.buckets)
+                    .map(|b| layout::bucket_key(prefix, &self.name, b))
+                    .collect(),
+                meta_key,
+                store,
+                name: self.name,
+                dim: self.dim,
+                initializer: self.initializer,
+                policy: self.restrict_policy,
+                trainable: self.trainable,
+                checkpoint: self.checkpoint,
+                buckets: self.config.buckets,
+                cluster,
+                slots: RwLock::new(slots),
+            }),
+            _key: PhantomData,
+        })
+    }
+}
+
+/// The store id of the table `identity` (servers, prefix and name): the
+/// same for every handle of it in this process, distinct from every other
+/// table's (see [`dynemb::EmbeddingStore::store_id`]).
+fn table_id(identity: &str) -> u64 {
+    static IDS: Mutex<Option<HashMap<String, u64>>> = Mutex::new(None);
+    let mut ids = IDS.lock().unwrap_or_else(PoisonError::into_inner);
+    *ids.get_or_insert_with(HashMap::new)
+        .entry(identity.to_string())
+        .or_insert_with(dynemb::new_store_id)
+}
+
+/// `EVALSHA <script> 1 <key>`, arguments to follow.
+pub(crate) fn script_cmd(script: &Lua, key: &[u8]) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.sha()).arg(1).arg(key);
+    cmd
+}
+
+pub(crate) fn check_len(what: &'static str, expected: usize, actual: usize) -> Result<()> {
+    if expected == actual {
+        Ok(())
+    } else {
+        Err(Error::LengthMismatch {
+            what,
+            expected,
+            actual,
+        })
+    }
+}
+
+/// `keys * dim`, the length of a batch's row buffer.
+pub(crate) fn batch_len(keys: usize, dim: usize) -> Result<usize> {
+    keys.checked_mul(dim).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "a batch of {keys} rows of {dim} values is too large"
+        ))
+    })
+}
+
+pub(crate) fn check_finite(what: &'static str, values: &[f32]) -> Result<()> {
+    match values.iter().position(|v| !v.is_finite()) {
+        None => Ok(()),
+        Some(index) => Err(Error::NonFinite {
+            what,
+            index,
+            value: values[index],
+        }),
+    }
+}
+
+impl<K: Key> RedisVariable<K> {
+    /// Starts building (opening) a variable called `name`.
+    pub fn builder(name: impl Into<String>) -> RedisVariableBuilder<K> {
+        RedisVariableBuilder {
+            name: name.into(),
+            dim: 1,
+            initializer: Initializer::Zeros,
+            restrict_policy: None,
+            trainable: true,
+            checkpoint: true,
+            config: RedisConfig::default(),
+            _key: PhantomData,
+        }
+    }
+
+    /// The variable's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Values per row.
+    pub fn dim(&self) -> usize {
+        self.inner.dim
+    }
+
+    /// Whether optimizers train this variable.
+    pub fn trainable(&self) -> bool {
+        self.inner.trainable
+    }
+
+    /// Whether checkpoints save this variable.
+    pub fn checkpoint(&self) -> bool {
+        self.inner.checkpoint
+    }
+
+    /// The initializer of missing keys.
+    pub fn initializer(&self) -> &Initializer {
+        &self.inner.initializer
+    }
+
+    /// The restrict policy its rows' scores follow, if any.
+    pub fn restrict_policy(&self) -> Option<RestrictPolicy> {
+        self.inner.policy
+    }
+
+    /// Buckets the rows are spread over.
+    pub fn buckets(&self) -> u32 {
+        self.inner.buckets
+    }
+
+    /// Whether the servers form a Redis Cluster (not a single server).
+    pub fn is_cluster(&self) -> bool {
+        self.inner.cluster.is_cluster()
+    }
+
+    /// The id of the table behind this handle (see
+    /// [`EmbeddingStore::store_id`](dynemb::EmbeddingStore::store_id)).
+    pub fn store_id(&self) -> u64 {
+        self.inner.id
+    }
+
+    pub(crate) fn store(&self) -> &str {
+        &self.inner.store
+    }
+
+    /// The bits of `keys`, grouped by bucket.
+    pub(crate) fn group(&self, keys: &[K]) -> Result<(Vec<u64>, Grouped)> {
+        let bits: Vec<u64> = keys.iter().map(|k| k.to_bits()).collect();
+        let grouped = Grouped::new(&bits, self.inner.buckets)?;
+        Ok((bits, grouped))
+    }
+
+    /// The request of `cmd` on bucket `bucket`.
+    pub(crate) fn bucket_request(&self, bucket: u32, cmd: &redis::Cmd) -> Request {
+        Request::new(&self.inner.bucket_keys[bucket as usize], cmd)
+    }
+
+    /// The key of bucket `bucket`.
+    pub(crate) fn bucket_key(&self, bucket: u32) -> &[u8] {
+        &self.inner.bucket_keys[bucket as usize]
+    }
+
+    /// `(mode, stamp)` script arguments of a write batch's scores.
+    pub(crate) fn score_args(&self) -> (&'static str, [u8; 8]) {
+        match self.inner.policy {
+            None => ("n", [0; 8]),
+            Some(RestrictPolicy::Frequency) => ("f", [0; 8]),
+            Some(RestrictPolicy::Timestamp) => {
+                ("t", dynemb::restrict::next_timestamp().to_le_bytes())
+            }
+        }
+    }
+
+    /// The stored rows of a grouped batch (`HMGET` per bucket), each
+    /// position's bytes or `None` if absent, in batch order.
+    pub(crate) fn fetch(&self, bits: &[u64], grouped: &Grouped) -> Result<Vec<Option<Vec<u8>>>> {
+        let mut requests = Vec::with_capacity(grouped.len());
+        for (bucket, positions) in grouped.iter() {
+            let mut cmd = redis::cmd("HMGET");
+            cmd.arg(self.bucket_key(bucket));
+            for &p in positions {
+                cmd.arg(&layout::field(bits[p as usize])[..]);
+            }
+            requests.push(self.bucket_request(bucket, &cmd));
+        }
+        let replies = self.inner.cluster.run(&requests, true)?;
+        let mut rows: Vec<Option<Vec<u8>>> = vec![None; bits.len()];
+        for ((_, positions), reply) in grouped.iter().zip(replies) {
+            let items = reply::array(self.store(), "HMGET", reply)?;
+            if items.len() != positions.len() {
+                return Err(reply::unexpected(
+                    self.store(),
+                    "HMGET",
+                    &Value::Array(items),
+                ));
+            }
+            for (&p, item) in positions.iter().zip(items) {
+                rows[p as usize] = reply::bytes_or_nil(self.store(), "HMGET", item)?;
+            }
+        }
+        Ok(rows)
+    }
+
+    /// Copies the rows of `keys` into `out` (`keys.len() * dim` values).
+    /// Missing keys get the initializer's row. Never inserts.
+    pub fn lookup(&self, keys: &[K], out: &mut [f32]) -> Result<()> {
+        self.lookup_rows(keys, out, None)
+    }
+
+    /// [`RedisVariable::lookup`], also telling which keys were present.
+    pub fn lookup_with_exists(
+        &self,
+        keys: &[K],
+        out: &mut [f32],
+        exists: &mut [bool],
+    ) -> Result<()> {
+        check_len("exists", keys.len(), exists.len())?;
+        self.lookup_rows(keys, out, Some(exists))
+    }
+
+    fn lookup_rows(&self, keys: &[K], out: &mut [f32], exists: Option<&mut [bool]>) -> Result<()> {
+        let dim = self.dim();
+        check_len("out", batch_len(keys.len(), dim)?, out.len())?;
+        let (bits, grouped) = self.group(keys)?;
+        let rows = self.fetch(&bits, &grouped)?;
+        // Decode everything before writing `out`: an error leaves it as it was.
+        let parsed = rows
+            .iter()
+            .map(|r| {
+                r.as_deref()
+                    .map(|b| Row::parse(b, dim, self.store()))
+                    .transpose()
+            })
+            .collect::<Result<Vec<_>>>()?;
+        for (i, row) in parsed.iter().enumerate() {
+            let slot = &mut out[i * dim..(i + 1) * dim];
+            match row {
+                Some(row) => row.values_into(slot),
+                None => self.inner.initializer.fill(bits[i], slot),
+            }
+        }
+        if let Some(exists) = exists {
+            for (e, row) in exists.iter_mut().zip(&parsed) {
+                *e = row.is_some();
+            }
+        }
+        Ok(())
+    }
+
+    /// Training read: copies the rows of `keys` into `out`, inserting
+    /// missing keys with the initializer's row. If another process inserts
+    /// a key at the same moment, both read the one row that was stored.
+    pub fn lookup_or_insert(&self, keys: &[K], out: &mut [f32]) -> Result<()> {
+        let dim = self.dim();
+        check_len("out", batch_len(keys.len(), dim)?, out.len())?;
+        let mut exists = vec![false; keys.len()];
+        let mut rows = vec![0.0; out.len()];
+        self.lookup_rows(keys, &mut rows, Some(&mut exists))?;
+        // Each missing key once, at its first position.
+        let mut first: HashMap<u64, usize> = HashMap::new();
+        let mut missing_keys = Vec::new();
+        let mut missing_at = Vec::new();
+        for (i, (&k, &present)) in keys.iter().zip(&exists).enumerate() {
+            if !present && first.insert(k.to_bits(), i).is_none() {
+                missing_keys.push(k);
+                missing_at.push(i);
+            }
+        }
+        if !missing_keys.is_empty() {
+            let (bits, grouped) = self.group(&missing_keys)?;
+            let (mode, stamp) = self.score_args();
+            let version = layout::new_version();
+            let mut requests = Vec::with_capacity(grouped.len());
+            let mut body = Vec::with_capacity(4 * dim);
+            for (bucket, positions) in grouped.iter() {
+                let mut cmd = script_cmd(&scripts::INSERT_ABSENT, self.bucket_key(bucket));
+                cmd.arg(mode).arg(&stamp[..]).arg(&version[..]);
+                for &p in positions {
+                    let at = missing_at[p as usize];
+                    body.clear();
+                    layout::f32_bytes(&rows[at * dim..(at + 1) * dim], &mut body);
+                    cmd.arg(&layout::field(bits[p as usize])[..]).arg(&body[..]);
+                }
+                requests.push(self.bucket_request(bucket, &cmd));
+            }
+            let replies = self.inner.cluster.run(&requests, false)?;
+            for ((_, positions), reply) in grouped.iter().zip(replies) {
+                let items = reply::array(self.store(), "insert", reply)?;
+                if items.len() != positions.len() {
+                    return Err(reply::unexpected(
+                        self.store(),
+                        "insert",
+                        &Value::Array(items),
+                    ));
+                }
+                for (&p, item) in positions.iter().zip(items) {
+                    // Present after all: another writer inserted it first.
+                    if let Some(bytes) = reply::bytes_or_nil(self.store(), "insert", item)? {
+                        let row = Row::parse(&bytes, dim, self.store())?;
+                        let at = missing_at[p as usize];
+                        row.values_into(&mut rows[at * dim..(at + 1) * dim]);
+                    }
+                }
+            }
+            // Repeated missing keys read what their first position got.
+            for (i, k) in keys.iter().enumerate() {
+                let at = first.get(&k.to_bits()).copied().unwrap_or(i);
+                if at != i && !exists[i] {
+                    rows.copy_within(at * dim..(at + 1) * dim, i * dim);
+                }
+            }
+        }
+        out.copy_from_slice(&rows);
+        Ok(())
+    }
+
+    /// Sets the rows of `keys` to `values` (`keys.len() * dim`), inserting
+    /// absent keys. A key repeated in one batch: the last one wins. A
+    /// present row keeps its slot columns.
+    pub fn upsert(&self, keys: &[K], values: &[f32]) -> Result<()> {
+        let dim = self.dim();
+        check_len("values", batch_len(keys.len(), dim)?, values.len())?;
+        check_finite("values", values)?;
+        let (bits, grouped) = self.group(keys)?;
+        let (mode, stamp) = self.score_args();
+        let version = layout::new_version();
+        let mut requests = Vec::with_capacity(grouped.len());
+        let mut body = Vec::with_capacity(4 * dim);
+        for (bucket, positions) in grouped.iter() {
+            let mut cmd = script_cmd(&scripts::UPSERT, self.bucket_key(bucket));
+            cmd.arg(mode).arg(&stamp[..]).arg(&version[..]);
+            for &p in positions {
+                let p = p as usize;
+                body.clear();
+                layout::f32_bytes(&values[p * dim..(p + 1) * dim], &mut body);
+                cmd.arg(&layout::field(bits[p])[..]).arg(&body[..]);
+            }
+            requests.push(self.bucket_request(bucket, &cmd));
+        }
+        for reply in self.inner.cluster.run(&requests, false)? {
+            reply::int(self.store(), "upsert", reply)?;
+        }
+        Ok(())
+    }
+
+    /// TFRA `bp_v2` accumulation, on the server. For each key: present and
+    /// `exists[i]` → `row += delta`; absent and not `exists[i]` → insert
+    /// `delta` as the row; otherwise ignored. Presence is the state before
+    /// the batch; a key repeated in one batch adds every delta.
+    ///
+    /// A NaN or infinite delta is an [`Error::NonFinite`] (`what:
+    /// "deltas"`) before anything is sent. A sum that overflows is refused
+    /// per row as on a local variable: that row keeps its values, the
+    /// others are written, and the call returns [`Error::NonFinite`]
+    /// (`what: "accum result"`, the first refused key's position, an
+    /// infinite value of the sum's sign).
+    pub fn accum(&self, keys: &[K], deltas: &[f32], exists: &[bool]) -> Result<()> {
+        let dim = self.dim();
+        check_len("deltas", batch_len(keys.len(), dim)?, deltas.len())?;
+        check_len("exists", keys.len(), exists.len())?;
+        check_finite("deltas", deltas)?;
+        let (bits, grouped) = self.group(keys)?;
+        let (mode, stamp) = self.score_args();
+        let version = layout::new_version();
+        let mut requests = Vec::with_capacity(grouped.len());
+        let mut body = Vec::with_capacity(4 * dim);
+        for (bucket, positions) in grouped.iter() {
+            let mut cmd = script_cmd(&scripts::ACCUM, self.bucket_key(bucket));
+            cmd.arg(mode).arg(&stamp[..]).arg(&version[..]).arg(dim);
+            for &p in positions {
+                let p = p as usize;
+                body.clear();
+                layout::f32_bytes(&deltas[p * dim..(p + 1) * dim], &mut body);
+                cmd.arg(&layout::field(bits[p])[..])
+                    .arg(if exists[p] { "1" } else { "0" })
+                    .arg(&body[..]);
+            }
+            requests.push(self.bucket_request(bucket, &cmd));
+        }
+        let replies = self.inner.cluster.run(&requests, false)?;
+        let mut refused: Option<(usize, f32)> = None;
+        for ((_, positions), reply) in grouped.iter().zip(replies) {
+            let items = reply::array(self.store(), "accum", reply)?;
+            for pair in items.chunks(2) {
+                let [at, sign] = pair else {
+                    return Err(reply::unexpected(
+                        self.store(),
+                        "accum",
+                        &Value::Array(pair.to_vec()),
+                    ));
+                };
+                let at = reply::int(self.store(), "accum", at.clone())?;
+                let sign = reply::int(self.store(), "accum", sign.clone())?;
+                let position = usize::try_from(at)
+                    .ok()
+                    .and_then(|a| positions.get(a))
+                    .ok_or_else(|| reply::unexpected(self.store(), "accum", &Value::Int(at)))?;
+                let position = *position as usize;
+                if refused.is_none_or(|(first, _)| position < first) {
+                    let value = if sign < 0 {
+                        f32::NEG_INFINITY
+                    } else {
+                        f32::INFINITY
+                    };
+                    refused = Some((position, value));
+                }
+            }
+        }
+        match refused {
+            None => Ok(()),
+            Some((index, value)) => Err(Error::NonFinite {
+                what: "accum result",
+                index,
+                value,
+            }),
+        }
+    }
+
+    /// Removes `keys` with their slots and scores; absent keys are ignored.
+    pub fn remove(&self, keys: &[K]) -> Result<()> {
+        let (bits, grouped) = self.group(keys)?;
+        let mut requests = Vec::with_capacity(grouped.len());
+        for (bucket, positions) in grouped.iter() {
+            let mut cmd = redis::cmd("HDEL");
+            cmd.arg(self.bucket_key(bucket));
+            for &p in positions {
+                cmd.arg(&layout::field(bits[p as usize])[..]);
+            }
+            requests.push(self.bucket_request(bucket, &cmd));
+        }
+        for reply in self.inner.cluster.run(&requests, true)? {
+            reply::int(self.store(), "HDEL", reply)?;
+        }
+        Ok(())
+    }
+
+    /// Removes every key (the slot columns stay defined, as on a local
+    /// variable).
+    pub fn clear(&self) -> Result<()> {
+        let requests: Vec<Request> = (0..self.inner.buckets)
+            .map(|b| {
+                let mut cmd = redis::cmd("UNLINK");
+                cmd.arg(self.bucket_key(b));
+                self.bucket_request(b, &cmd)
+            })
+            .collect();
+        for reply in self.inner.cluster.run(&requests, true)? {
+            reply::int(self.store(), "UNLINK", reply)?;
+        }
+        Ok(())
+    }
+
+    /// Removes the variable from Redis altogether: its rows and its
+    /// metadata (slots, settings). Other handles of it fail or recreate it
+    /// when they next open it.
+    pub fn destroy(self) -> Result<()> {
+        self.clear()?;
+        let mut cmd = redis::cmd("UNLINK");
+        cmd.arg(&self.inner.meta_key[..]);
+        let reply = self
+            .inner
+            .cluster
+            .run(&[Request::new(&self.inner.meta_key, &cmd)], true)?
+            .pop()
+            .expect("one reply");
+        reply::int(self.store(), "UNLINK", reply).map(drop)
+    }
+
+    /// Rows in every bucket (`HLEN` of each, one round trip per node):
+    /// exact when no batch is in flight.
+    pub fn size(&self) -> Result<usize> {
+        Ok(self.bucket_sizes()?.iter().sum())
+    }
+
+    /// Rows per bucket.
+    pub(crate) fn bucket_sizes(&self) -> Result<Vec<usize>> {
+        let requests: Vec<Request> = (0..self.inner.buckets)
+            .map(|b| {
+                let mut cmd = redis::cmd("HLEN");
+                cmd.arg(self.bucket_key(b));
+                self.bucket_request(b, &cmd)
+            })
+            .collect();
+        self.inner
+            .cluster
+            .run(&requests, true)?
+            .into_iter()
+            .map(|reply| {
+                let n = reply::int(self.store(), "HLEN", reply)?;
+                usize::try_from(n)
+                    .map_err(|_| reply::unexpected(self.store(), "HLEN", &Value::Int(n)))
+            })
+            .collect()
+    }
+
+    /// Copies the scores of `keys` into `out` (one per key): the restrict
+    /// policy's timestamp or count, 0 for a missing key or a variable
+    /// without a policy.
+    pub fn lookup_scores(&self, keys: &[K], out: &mut [u64]) -> Result<()> {
+        check_len("out", keys.len(), out.len())?;
+        let (bits, grouped) = self.group(keys)?;
+        let rows = self.fetch(&bits, &grouped)?;
+        let scores = rows
+            .iter()
+            .map(|r| match r {
+                Some(bytes) => Row::parse(bytes, self.dim(), self.store()).map(|r| r.score()),
+                None => Ok(0),
+            })
+            .collect::<Result<Vec<u64>>>()?;
+        out.copy_from_slice(&scores);
+        Ok(())
+    }
+
+    /// Checks that `slot` belongs to this table.
+    pub(crate) fn check_slot(&self, slot: SlotId) -> Result<()> {
+        if slot.store_id() == self.inner.id {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "slot {} belongs to another variable than {:?}",
+                slot.index(),
+                self.name()
+            )))
+        }
+    }
+}

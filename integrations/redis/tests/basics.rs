@@ -1,0 +1,62 @@
+//! A walk through every operation on a single server and on a 3-master
+//! cluster, with the values, scores and counts each step must leave (the
+//! models in `model.rs` cover the same ground at random).
+
+mod support;
+
+use dynemb::{Initializer, RestrictPolicy};
+use dynemb_redis::RedisVariable;
+use support::{Cluster, Server};
+
+fn exercise(config: dynemb_redis::RedisConfig) {
+    let v = RedisVariable::<i64>::builder("basics")
+        .dim(3)
+        .initializer(Initializer::Constant(0.5))
+        .restrict_policy(RestrictPolicy::Frequency)
+        .config(config)
+        .build()
+        .unwrap();
+    let mut out = vec![0.0; 6];
+    v.lookup(&[1, 2], &mut out).unwrap();
+    assert_eq!(out, [0.5; 6]);
+    assert_eq!(v.size().unwrap(), 0);
+    v.lookup_or_insert(&[1, 2], &mut out).unwrap();
+    assert_eq!(v.size().unwrap(), 2);
+    v.accum(&[1, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[true, false])
+        .unwrap();
+    v.lookup(&[1, 3], &mut out).unwrap();
+    assert_eq!(out, [1.5, 2.5, 3.5, 4.0, 5.0, 6.0]);
+    v.upsert(&[2, 2], &[9.0; 6]).unwrap();
+    let m = v.create_slot("m", 0.25).unwrap();
+    v.update_rows(&[1, 4], &[m], |_, values, slots| {
+        values[0] += 1.0;
+        slots[0] += 1.0;
+    })
+    .unwrap();
+    let mut s = vec![0.0; 6];
+    v.lookup_slot(m, &[1, 4], &mut s).unwrap();
+    assert_eq!(s, [1.25, 0.25, 0.25, 1.25, 0.25, 0.25]);
+    let mut scores = vec![0; 4];
+    v.lookup_scores(&[1, 2, 3, 4], &mut scores).unwrap();
+    assert_eq!(scores, [3, 3, 1, 1]);
+    let (keys, values) = v.export().unwrap();
+    assert_eq!(keys.len(), 4);
+    assert_eq!(values.len(), 12);
+    assert_eq!(v.restrict(2, 0).unwrap(), 2);
+    assert_eq!(v.size().unwrap(), 2);
+    v.clear().unwrap();
+    assert_eq!(v.size().unwrap(), 0);
+    v.destroy().unwrap();
+}
+
+#[test]
+fn every_operation_on_a_single_server() {
+    let server = Server::start();
+    exercise(server.config());
+}
+
+#[test]
+fn every_operation_on_a_cluster() {
+    let cluster = Cluster::start(3);
+    exercise(cluster.config());
+}

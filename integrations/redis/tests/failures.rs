@@ -1,0 +1,216 @@
+//! Servers that fail: a killed cluster node, a frozen server, a server
+//! that is not there, a wrong password. Every failure is a typed
+//! `Error::Backend` within the configured timeouts, never a hang, and the
+//! variable works again once the node is back, its data intact.
+
+mod support;
+
+use dynemb::{BackendErrorKind, Error, Initializer};
+use dynemb_optim::{ParamsAdam, SparseAdam, SparseOptimizer};
+use dynemb_redis::{RedisConfig, RedisVariable};
+use std::time::{Duration, Instant};
+use support::{Cluster, Server};
+
+const DIM: usize = 8;
+const CONNECT: Duration = Duration::from_millis(500);
+const COMMAND: Duration = Duration::from_millis(1500);
+/// Scheduling slack on a loaded 2-core machine.
+const SLACK: Duration = Duration::from_millis(1500);
+
+fn timeouts(config: RedisConfig) -> RedisConfig {
+    RedisConfig {
+        connect_timeout: CONNECT,
+        command_timeout: COMMAND,
+        buckets: 32,
+        ..config
+    }
+}
+
+fn backend_kind(err: &Error) -> BackendErrorKind {
+    match err {
+        Error::Backend { kind, .. } => *kind,
+        other => panic!("expected a backend error, got {other}"),
+    }
+}
+
+/// Every row and slot of `keys`.
+fn snapshot(var: &RedisVariable<i64>, keys: &[i64]) -> Vec<Vec<f32>> {
+    let mut rows = vec![0.0; keys.len() * DIM];
+    var.lookup(keys, &mut rows).unwrap();
+    let mut out = vec![rows];
+    for name in var.slot_names().unwrap() {
+        let mut part = vec![0.0; keys.len() * DIM];
+        var.lookup_slot(var.slot_id(&name).unwrap(), keys, &mut part)
+            .unwrap();
+        out.push(part);
+    }
+    out
+}
+
+fn step(var: &RedisVariable<i64>, opt: &SparseAdam, keys: &[i64]) -> dynemb::Result<()> {
+    let mut rows = vec![0.0; keys.len() * DIM];
+    var.lookup_or_insert(keys, &mut rows)?;
+    let grads: Vec<f32> = rows.iter().map(|x| x - 0.25).collect();
+    opt.apply(var, keys, &grads)
+}
+
+#[test]
+fn a_killed_node_fails_within_the_timeout_and_training_resumes_after_restart() {
+    // Persistence on, so the killed node's rows survive its restart too.
+    let mut cluster = Cluster::start_with(3, &["--appendonly", "yes", "--appendfsync", "always"]);
+    let var = RedisVariable::<i64>::builder("emb")
+        .dim(DIM)
+        .initializer(Initializer::Constant(0.5))
+        .config(timeouts(cluster.config()))
+        .build()
+        .unwrap();
+    let opt = SparseAdam::new(ParamsAdam::default()).unwrap();
+    let keys: Vec<i64> = (0..500).collect();
+    for _ in 0..3 {
+        step(&var, &opt, &keys).unwrap();
+    }
+    let before = snapshot(&var, &keys);
+
+    cluster.servers[1].kill();
+    for _ in 0..3 {
+        let start = Instant::now();
+        let err = step(&var, &opt, &keys).unwrap_err();
+        let took = start.elapsed();
+        assert!(
+            matches!(
+                backend_kind(&err),
+                BackendErrorKind::Unavailable
+                    | BackendErrorKind::NotServing
+                    | BackendErrorKind::Timeout
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("redis"), "{err}");
+        assert!(
+            took <= COMMAND + CONNECT + SLACK,
+            "failed after {took:?}: {err}"
+        );
+    }
+
+    // A write batch that needs the dead node fails before sending anything
+    // to the live ones.
+    let err = var.upsert(&keys, &vec![9.0; keys.len() * DIM]).unwrap_err();
+    assert_eq!(backend_kind(&err), BackendErrorKind::Unavailable, "{err}");
+
+    cluster.servers[1].restart();
+    cluster.wait_ok();
+    // The nodes are back; the failed steps and the upsert wrote nothing.
+    assert_eq!(snapshot(&var, &keys), before, "every row intact");
+    for _ in 0..3 {
+        step(&var, &opt, &keys).unwrap();
+    }
+    let after = snapshot(&var, &keys);
+    assert_ne!(after[0], before[0], "training continued");
+    assert!(after.iter().flatten().all(|x| x.is_finite()));
+}
+
+#[test]
+fn a_frozen_server_times_out_and_works_again_when_thawed() {
+    let server = Server::start();
+    let var = RedisVariable::<i64>::builder("emb")
+        .dim(DIM)
+        .config(timeouts(server.config()))
+        .build()
+        .unwrap();
+    var.upsert(&[1, 2], &[3.0; 2 * DIM]).unwrap();
+    server.pause();
+    let start = Instant::now();
+    let err = var.lookup(&[1, 2], &mut [0.0; 2 * DIM]).unwrap_err();
+    let took = start.elapsed();
+    server.resume();
+    assert_eq!(backend_kind(&err), BackendErrorKind::Timeout, "{err}");
+    assert!(
+        took >= COMMAND && took <= 2 * COMMAND + SLACK,
+        "timed out after {took:?}"
+    );
+    let mut rows = [0.0; 2 * DIM];
+    var.lookup(&[1, 2], &mut rows).unwrap();
+    assert_eq!(rows, [3.0; 2 * DIM]);
+}
+
+#[test]
+fn an_absent_server_is_an_error_at_open_within_the_connect_timeout() {
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    for node in [format!("127.0.0.1:{port}"), format!("localhost:{port}")] {
+        let start = Instant::now();
+        let err = RedisVariable::<i64>::builder("emb")
+            .config(timeouts(RedisConfig::with_nodes([node.clone()])))
+            .build()
+            .unwrap_err();
+        let took = start.elapsed();
+        assert!(
+            matches!(
+                backend_kind(&err),
+                BackendErrorKind::Unavailable | BackendErrorKind::Timeout
+            ),
+            "{node}: {err}"
+        );
+        assert!(took <= CONNECT + SLACK, "{node}: failed after {took:?}");
+    }
+}
+
+#[test]
+fn a_password_is_required_and_used() {
+    let server = Server::start_with(&["--requirepass", "s3cret"]);
+    let err = RedisVariable::<i64>::builder("emb")
+        .config(timeouts(server.config()))
+        .build()
+        .unwrap_err();
+    assert_eq!(backend_kind(&err), BackendErrorKind::Server, "{err}");
+    let var = RedisVariable::<i64>::builder("emb")
+        .config(RedisConfig {
+            password: Some("s3cret".into()),
+            ..timeouts(server.config())
+        })
+        .build()
+        .unwrap();
+    var.upsert(&[1], &[2.0]).unwrap();
+    assert_eq!(var.size().unwrap(), 1);
+}
+
+#[test]
+fn another_dim_or_key_type_is_a_mismatch_at_open() {
+    let server = Server::start();
+    RedisVariable::<i64>::builder("emb")
+        .dim(4)
+        .config(server.config())
+        .build()
+        .unwrap();
+    for err in [
+        RedisVariable::<i64>::builder("emb")
+            .dim(5)
+            .config(server.config())
+            .build()
+            .unwrap_err(),
+        RedisVariable::<u32>::builder("emb")
+            .dim(4)
+            .config(server.config())
+            .build()
+            .unwrap_err(),
+        RedisVariable::<i64>::builder("emb")
+            .dim(4)
+            .initializer(Initializer::Constant(1.0))
+            .config(server.config())
+            .build()
+            .unwrap_err(),
+    ] {
+        assert!(matches!(err, Error::Mismatch { .. }), "{err}");
+    }
+    // Another prefix is another model: no conflict.
+    RedisVariable::<i64>::builder("emb")
+        .dim(5)
+        .config(RedisConfig {
+            prefix: "model_v2".into(),
+            ..server.config()
+        })
+        .build()
+        .unwrap();
+}

@@ -1,0 +1,305 @@
+//! Real Redis servers for the tests: `redis-server` processes on free
+//! loopback ports, each in a temporary directory of its own, stopped by
+//! PID when dropped. A single server, or a cluster of masters joined with
+//! `redis-cli --cluster create`. No mocks.
+//!
+//! Every test binary includes this module (`mod support;`); not every one
+//! uses all of it.
+#![allow(dead_code)]
+
+use dynemb_redis::RedisConfig;
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a server or a cluster may take to come up.
+const STARTUP: Duration = Duration::from_secs(30);
+
+/// A port free on loopback whose cluster bus port (+10000) is free too.
+fn free_port() -> u16 {
+    loop {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+        let port = listener.local_addr().unwrap().port();
+        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
+/// One `redis-server` process.
+pub struct Server {
+    port: u16,
+    args: Vec<String>,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl Server {
+    /// A server without persistence.
+    pub fn start() -> Server {
+        Server::start_with(&[])
+    }
+
+    /// A server with extra `redis-server` arguments.
+    pub fn start_with(extra: &[&str]) -> Server {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let port = free_port();
+        let mut args: Vec<String> = [
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--dir",
+            dir.path().to_str().unwrap(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut server = Server {
+            port,
+            args,
+            dir,
+            child: None,
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::File::create(self.dir.path().join("server.log")).unwrap();
+        let child = Command::new("redis-server")
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("redis-server is installed (apt-get install redis-server)");
+        self.child = Some(child);
+        let deadline = Instant::now() + STARTUP;
+        while self.ping().is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on {} did not start: {}",
+                self.port,
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+
+    /// `127.0.0.1:<port>`.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Its directory (data files, `nodes.conf`).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A configuration for this server alone.
+    pub fn config(&self) -> RedisConfig {
+        RedisConfig::with_nodes([self.addr()])
+    }
+
+    /// A direct connection, for checks behind the variable's back.
+    pub fn connection(&self) -> redis::Connection {
+        let client = redis::Client::open(format!("redis://{}/", self.addr())).unwrap();
+        let conn = client
+            .get_connection_with_timeout(Duration::from_secs(2))
+            .unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        conn
+    }
+
+    /// Whether the server answers (a server that wants a password
+    /// answers `NOAUTH`).
+    fn ping(&self) -> redis::RedisResult<()> {
+        let client = redis::Client::open(format!("redis://{}/", self.addr()))?;
+        let mut conn = client.get_connection_with_timeout(Duration::from_millis(200))?;
+        match redis::cmd("PING").query::<String>(&mut conn) {
+            Err(e) if e.code() == Some("NOAUTH") => Ok(()),
+            other => other.map(drop),
+        }
+    }
+
+    /// Kills the process (SIGKILL) and waits for it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port, in the same directory.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// Freezes the process (SIGSTOP): it keeps its connections open and
+    /// answers nothing.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws a paused process (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("running").id().to_string();
+        let status = Command::new("kill").args([signal, &pid]).status().unwrap();
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+}
+
+impl Drop for Server {
+    /// Kills the process by its PID (SIGKILL stops a paused one too).
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A Redis Cluster of masters without replicas.
+pub struct Cluster {
+    pub servers: Vec<Server>,
+}
+
+impl Cluster {
+    /// `masters` masters (at least 3, as `redis-cli --cluster create`
+    /// requires), joined, with every slot covered, `cluster_state:ok`.
+    pub fn start(masters: usize) -> Cluster {
+        Cluster::start_with(masters, &[])
+    }
+
+    /// [`Cluster::start`] with extra `redis-server` arguments.
+    pub fn start_with(masters: usize, extra: &[&str]) -> Cluster {
+        let mut args = vec![
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "1000",
+        ];
+        args.extend_from_slice(extra);
+        let servers: Vec<Server> = (0..masters).map(|_| Server::start_with(&args)).collect();
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for s in &servers {
+            create.arg(s.addr());
+        }
+        let out = create
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli is installed");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let cluster = Cluster { servers };
+        cluster.wait_ok();
+        cluster
+    }
+
+    /// Waits until every node says `cluster_state:ok` and knows every
+    /// master.
+    pub fn wait_ok(&self) {
+        let deadline = Instant::now() + STARTUP;
+        loop {
+            let ok = self.servers.iter().all(|s| {
+                let Ok(client) = redis::Client::open(format!("redis://{}/", s.addr())) else {
+                    return false;
+                };
+                let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_millis(500))
+                else {
+                    return false;
+                };
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query(&mut conn)
+                    .unwrap_or_default();
+                info.contains("cluster_state:ok")
+                    && info.contains(&format!("cluster_known_nodes:{}", self.servers.len()))
+            });
+            if ok {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the cluster did not come up");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// A configuration naming every node.
+    pub fn config(&self) -> RedisConfig {
+        RedisConfig::with_nodes(self.servers.iter().map(Server::addr))
+    }
+}
+
+/// A variable name unique in this test process (tests share servers
+/// rarely, but proptest cases do).
+pub fn unique_name(base: &str) -> String {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!("{base}_{}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// The environment variable that makes a test binary's `worker` test run
+/// a worker role (see [`spawn_worker`]).
+pub const WORKER_ROLE: &str = "DYNEMB_REDIS_WORKER";
+
+/// Runs this test binary again as a child process that runs only the
+/// ignored test `worker` (`--exact --ignored`), with `env` set (the role
+/// under [`WORKER_ROLE`] and its parameters): a second process using the
+/// same servers.
+pub fn spawn_worker(env: &[(&str, String)]) -> Child {
+    let exe = std::env::current_exe().expect("the test binary");
+    let mut cmd = Command::new(exe);
+    cmd.args([
+        "--exact",
+        "worker",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.spawn().expect("spawn the test binary")
+}
+
+/// Waits for a worker and fails the test with its output if it failed.
+pub fn join_worker(child: Child) {
+    let out = child.wait_with_output().expect("wait for the worker");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "worker failed: {text}");
+    assert!(text.contains("1 passed"), "the worker ran no test: {text}");
+}
+
+/// The value of a worker parameter.
+pub fn worker_param(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("worker parameter {name} is not set"))
+}
