@@ -124,6 +124,14 @@ pub enum Error {
     /// operation: see [`BackendErrorKind`]. A batch that fails this way may
     /// have been applied on some of the store's nodes and not on others;
     /// each row is written whole or not at all.
+    ///
+    /// For a write (`accum`, `upsert`, `remove`, an optimizer step) whose
+    /// request was sent, the outcome on the failing node is **unknown**: a
+    /// node that timed out, or whose connection broke after the request
+    /// went out, may have applied it. Reads are safe to retry; a write
+    /// that adds (`accum`, an optimizer step) must not be retried blindly,
+    /// or its rows may take it twice. Check the rows (or restore a
+    /// checkpoint) first.
     #[error("{store}: {kind}: {message}")]
     Backend {
         /// The store and, where known, the node (`"redis 127.0.0.1:7001"`).
@@ -140,9 +148,11 @@ pub enum Error {
 #[non_exhaustive]
 pub enum BackendErrorKind {
     /// The node could not be reached or the connection broke (refused,
-    /// reset, closed). Retrying once it is back may succeed.
+    /// reset, closed). A read retried once it is back may succeed; a write
+    /// may have been applied (see [`Error::Backend`]).
     Unavailable,
-    /// The node did not answer within the configured timeout.
+    /// The node did not answer within the configured timeout; a write may
+    /// still have been applied (see [`Error::Backend`]).
     Timeout,
     /// The node is up but refuses to serve for now (a cluster without full
     /// coverage, a server loading its data, a failover under way).

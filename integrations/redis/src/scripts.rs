@@ -189,11 +189,12 @@ return #fields
 });
 
 /// bp_v2 `accum`: `ARGV = [mode, stamp, version, dim, field, exists,
-/// deltas, ...]` (`exists` is `"1"` or `"0"`), in batch order. Whether a
-/// key was present is decided by the bucket's state before the call, per
-/// key: present and `exists` adds the deltas; absent and not `exists`
-/// inserts the deltas as the row (later occurrences add to it); otherwise
-/// nothing. Returns the refused rows as `[position, sign]` pairs
+/// deltas, ...]` (`exists` is `"1"` or `"0"`), in batch order, each
+/// occurrence decided on the row as the occurrences before it left it (as
+/// `Variable::accum` does): present and `exists` adds the deltas; absent
+/// and not `exists` inserts the deltas as the row; a row this call
+/// inserted takes every later occurrence's deltas, whatever its `exists`;
+/// otherwise nothing. Returns the refused rows as `[position, sign]` pairs
 /// (`position` 0-based among the call's rows, `sign` `1` or `-1` of the
 /// sum that overflowed).
 pub(crate) static ACCUM: LazyLock<Lua> = LazyLock::new(|| {
@@ -204,17 +205,17 @@ local dim = tonumber(ARGV[4])
 local fields = {}
 for i = 5, #ARGV, 3 do fields[#fields + 1] = ARGV[i] end
 local got = hmget(fields)
-local rows, before, dirty, order = {}, {}, {}, {}
+local rows, seen, inserted, dirty, order = {}, {}, {}, {}, {}
 local refused = {}
 for n = 1, #fields do
   local f = fields[n]
   local exists, deltas = ARGV[3 + 3 * n] == '1', ARGV[4 + 3 * n]
-  if before[f] == nil then
-    before[f] = (got[n] ~= false)
+  if not seen[f] then
+    seen[f] = true
     rows[f] = got[n]
   end
-  local was = before[f]
-  if (was and exists) or (not was and not exists) then
+  local present = rows[f] ~= false
+  if (present and (exists or inserted[f])) or (not present and not exists) then
     local cur = rows[f]
     local new
     if cur then
@@ -234,6 +235,7 @@ for n = 1, #fields do
       end
     else
       new = VERSION .. next_score(false) .. deltas
+      inserted[f] = true
     end
     if new then
       if not dirty[f] then

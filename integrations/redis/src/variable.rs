@@ -536,8 +536,10 @@ impl<K: Key> RedisVariable<K> {
 
     /// TFRA `bp_v2` accumulation, on the server. For each key: present and
     /// `exists[i]` → `row += delta`; absent and not `exists[i]` → insert
-    /// `delta` as the row; otherwise ignored. Presence is the state before
-    /// the batch; a key repeated in one batch adds every delta.
+    /// `delta` as the row; otherwise ignored. Each occurrence of a key
+    /// repeated in one batch is decided on the row as the earlier ones left
+    /// it, and a row the batch inserted takes every later delta whatever
+    /// its `exists` (as on a local variable).
     ///
     /// A NaN or infinite delta is an [`Error::NonFinite`] (`what:
     /// "deltas"`) before anything is sent. A sum that overflows is refused
@@ -619,7 +621,9 @@ impl<K: Key> RedisVariable<K> {
             }
             requests.push(self.bucket_request(bucket, &cmd));
         }
-        for reply in self.inner.cluster.run(&requests, true)? {
+        // Not resent after a lost reply: the first HDEL may have run, and a
+        // second could remove a row another writer inserted meanwhile.
+        for reply in self.inner.cluster.run(&requests, false)? {
             reply::int(self.store(), "HDEL", reply)?;
         }
         Ok(())
@@ -635,7 +639,7 @@ impl<K: Key> RedisVariable<K> {
                 self.bucket_request(b, &cmd)
             })
             .collect();
-        for reply in self.inner.cluster.run(&requests, true)? {
+        for reply in self.inner.cluster.run(&requests, false)? {
             reply::int(self.store(), "UNLINK", reply)?;
         }
         Ok(())

@@ -60,3 +60,57 @@ fn every_operation_on_a_cluster() {
     let cluster = Cluster::start(3);
     exercise(cluster.config());
 }
+
+/// bp_v2 with a key repeated under different `exists` flags: every pattern
+/// of three occurrences, on a key absent and on a key present before the
+/// batch, gives what a local `Variable` gives (a row the batch inserted
+/// takes the later deltas whatever their flag).
+#[test]
+fn accum_of_repeats_with_mixed_exists_flags_matches_a_local_variable() {
+    let server = Server::start();
+    let remote = RedisVariable::<i64>::builder("mixed")
+        .dim(1)
+        .config(server.config())
+        .build()
+        .unwrap();
+    for pattern in 0..8_u32 {
+        for present in [false, true] {
+            let local = dynemb::Variable::<i64>::builder("mixed")
+                .dim(1)
+                .build()
+                .unwrap();
+            remote.clear().unwrap();
+            let key = 7_i64;
+            if present {
+                local.upsert(&[key], &[100.0]).unwrap();
+                remote.upsert(&[key], &[100.0]).unwrap();
+            }
+            // Other keys between the occurrences, so distance plays no part.
+            let keys = [key, 1, key, 2, key];
+            let exists = [
+                pattern & 1 != 0,
+                true,
+                pattern & 2 != 0,
+                false,
+                pattern & 4 != 0,
+            ];
+            let deltas = [1.0, 5.0, 10.0, 50.0, 100.0];
+            local.accum(&keys, &deltas, &exists).unwrap();
+            remote.accum(&keys, &deltas, &exists).unwrap();
+            let (mut want, mut got) = (vec![0.0; 3], vec![0.0; 3]);
+            let (mut want_exists, mut got_exists) = (vec![false; 3], vec![false; 3]);
+            local
+                .lookup_with_exists(&[key, 1, 2], &mut want, &mut want_exists)
+                .unwrap();
+            remote
+                .lookup_with_exists(&[key, 1, 2], &mut got, &mut got_exists)
+                .unwrap();
+            assert_eq!(
+                (got, got_exists),
+                (want, want_exists),
+                "exists {exists:?}, present before: {present}"
+            );
+        }
+    }
+    remote.destroy().unwrap();
+}
