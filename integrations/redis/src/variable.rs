@@ -646,8 +646,10 @@ impl<K: Key> RedisVariable<K> {
     }
 
     /// Removes the variable from Redis altogether: its rows and its
-    /// metadata (slots, settings). Other handles of it fail or recreate it
-    /// when they next open it.
+    /// metadata (slots, settings). Other open handles of it are not told:
+    /// they keep the settings and slots they read at open and would write
+    /// rows in that layout, so close them first (a handle opened afterwards
+    /// creates the variable anew).
     pub fn destroy(self) -> Result<()> {
         self.clear()?;
         let mut cmd = redis::cmd("UNLINK");
