@@ -261,8 +261,8 @@ impl Environment {
 /// What the command line asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
-    /// Run with this configuration.
-    Run(Config),
+    /// Run with this configuration (boxed: it is much larger than `Help`).
+    Run(Box<Config>),
     /// Print [`USAGE`].
     Help,
 }
@@ -364,7 +364,9 @@ impl Config {
             };
             given.set(&name, value)?;
         }
-        given.resolve(env).map(Command::Run)
+        given
+            .resolve(env)
+            .map(|config| Command::Run(Box::new(config)))
     }
 }
 
@@ -712,7 +714,7 @@ mod tests {
 
     fn config(args: &[&str]) -> Config {
         match parse(args) {
-            Ok(Command::Run(config)) => config,
+            Ok(Command::Run(config)) => *config,
             other => panic!("{args:?} gave {other:?}"),
         }
     }

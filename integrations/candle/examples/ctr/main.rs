@@ -85,7 +85,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             write!(out, "{USAGE}")?;
             return Ok(());
         }
-        Command::Run(config) => config,
+        Command::Run(config) => *config,
     };
     std::env::set_var(THREADS_VAR, config.threads.to_string());
     writeln!(out, "{config}")?;
