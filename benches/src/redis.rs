@@ -78,7 +78,7 @@ const BUCKETS: u32 = 256;
 /// Redis Cluster's hash slots.
 const SLOTS: u16 = 16384;
 /// Seed of the keys and values.
-const SEED: u64 = 0x5EED_0F_2ED15;
+const SEED: u64 = 0x05EE_D0F2_ED15;
 
 /// What the Redis group runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -483,7 +483,7 @@ fn batched(
         .build()
         .map_err(|e| e.to_string())?;
     let dim = shape.dim;
-    let pass = |what: &str, op: &mut dyn FnMut(&[i64], &[f32]) -> dynemb::Result<()>| {
+    let pass = |what: &str, op: &mut BatchOp<'_>| {
         let started = Instant::now();
         for batch in keys.chunks(shape.batch) {
             op(batch, &values[..batch.len() * dim]).map_err(|e| format!("{what}: {e}"))?;
@@ -522,6 +522,14 @@ fn batched(
     var.destroy().map_err(|e| e.to_string())?;
     Ok(rates)
 }
+
+/// One batch of a timed pass of the batched API: keys, their values.
+type BatchOp<'a> = dyn FnMut(&[i64], &[f32]) -> dynemb::Result<()> + 'a;
+
+/// One key of the per-key client: the node's connection, the bucket's
+/// Redis key, the field (the key's bytes), the key's position.
+type KeyOp<'a> =
+    dyn FnMut(&mut redis::Connection, &str, [u8; 8], usize) -> redis::RedisResult<()> + 'a;
 
 /// Bucket of a key in the per-key client's layout (a multiplicative hash,
 /// as cheap as the variable's).
@@ -597,13 +605,7 @@ fn per_key(
             .collect()
     };
     let mut rates = BTreeMap::new();
-    let mut timed = |what: &'static str,
-                     op: &mut dyn FnMut(
-        &mut redis::Connection,
-        &str,
-        [u8; 8],
-        usize,
-    ) -> redis::RedisResult<()>| {
+    let mut timed = |what: &'static str, op: &mut KeyOp<'_>| {
         let started = Instant::now();
         for (i, &key) in keys.iter().enumerate() {
             let (bucket, node) = &buckets[bucket_of(key) as usize];

@@ -788,8 +788,6 @@ mod tests {
                 system: System::Dynemb,
                 dim: 8,
                 keys: 1000,
-                redis: None,
-                redis_error: None,
                 wall_seconds: 2.0,
                 others_cpu_seconds: Some(1.0),
             }],
@@ -810,6 +808,8 @@ mod tests {
                 vs_best_map: Some(4.0),
                 vs_dense: None,
             }],
+            redis: None,
+            redis_error: None,
             wall_seconds: 3.0,
         }
     }
