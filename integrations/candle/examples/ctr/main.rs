@@ -108,7 +108,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         Some(truth) => Some(auc::roc_auc(truth, &eval.labels)?),
         None => None,
     };
-    let model = ModelConfig {
+    let model_config = ModelConfig {
         fields: source.fields(),
         dim: config.dim,
         shards: config.threads.max(1),
@@ -121,7 +121,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         ceiling,
     };
     match &config.redis {
-        None => run.train(Trainer::new(model)?, source.as_mut(), &mut out)?,
+        None => run.train(Trainer::new(model_config)?, source.as_mut(), &mut out)?,
         Some(choice) => {
             let (table, left) = table::open_redis(choice, config.dim, config.seed)?;
             if left > 0 {
@@ -131,22 +131,25 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 )?;
             }
             let handle = table.clone();
-            let result = Trainer::with_table(model, table)
+            let result = Trainer::with_table(model_config, table)
                 .and_then(|trainer| run.train(trainer, source.as_mut(), &mut out));
-            if choice.keep {
+            // Destroyed also when training failed; the training error wins.
+            let destroyed: Result<(), Box<dyn std::error::Error>> = if choice.keep {
                 writeln!(
                     out,
                     "kept the Redis table {}:{}",
                     choice.prefix,
                     model::TABLE_NAME
-                )?;
+                )
+                .map_err(Into::into)
             } else {
-                handle.destroy()?;
-            }
+                handle.destroy().map_err(Into::into)
+            };
             result?;
+            destroyed?;
         }
     }
-    writeln!(out, "total {:.1} s", run_started.elapsed().as_secs_f64(),)?;
+    writeln!(out, "total {:.1} s", run_started.elapsed().as_secs_f64())?;
     Ok(())
 }
 
