@@ -44,7 +44,10 @@ usage: compare [--keys N] [--dim D[,D..]] [--threads T[,T..]] [--batch B] [--jso
                   (constant and random normal init), upsert, accum, insert, remove,
                   export, resize (under load), checkpoint (dynemb's save and restore),
                   apply (optimizer steps: SparseSgd, SparseAdagrad, SparseAdam, uniform
-                  and zipf), apply-sgd, apply-adagrad, apply-adam
+                  and zipf), apply-sgd, apply-adagrad, apply-adam, redis (dynemb-redis on
+                  a 3-master Redis Cluster the bench starts: --keys keys, default 1000000,
+                  the first --dim; by default only when redis-server is installed, and
+                  not with --quick)
   --repeats R     rounds of the steady-state ops and optimizer steps (default 5; --quick: 3)
   -h, --help      this text";
 
@@ -72,6 +75,9 @@ pub struct Options {
     pub resize: bool,
     /// Whether `--ops` selects the checkpoint measurement (default: yes).
     pub checkpoint: bool,
+    /// Whether `--ops` selects the Redis group; `None` (no `--ops`): when
+    /// the Redis tools are installed and not `--quick`.
+    pub redis: Option<bool>,
     /// `--repeats`.
     pub repeats: Option<usize>,
 }
@@ -89,6 +95,7 @@ impl Default for Options {
             ops: None,
             resize: true,
             checkpoint: true,
+            redis: None,
             repeats: None,
         }
     }
@@ -147,6 +154,7 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
                 );
                 o.resize = selected.contains(&Selection::Resize);
                 o.checkpoint = selected.contains(&Selection::Checkpoint);
+                o.redis = Some(selected.contains(&Selection::Redis));
             }
             other => return Err(format!("unknown flag {other:?}")),
         }
@@ -166,11 +174,13 @@ enum Selection {
     Resize,
     /// dynemb's checkpoint save and restore.
     Checkpoint,
+    /// The Redis group.
+    Redis,
 }
 
 impl Selection {
     /// The names `--ops` knows, in usage order.
-    const NAMES: [&'static str; 13] = [
+    const NAMES: [&'static str; 14] = [
         "lookup",
         "miss",
         "upsert",
@@ -184,6 +194,7 @@ impl Selection {
         "apply-sgd",
         "apply-adagrad",
         "apply-adam",
+        "redis",
     ];
 
     /// The selection called `name`.
@@ -198,6 +209,7 @@ impl Selection {
             "export" => Selection::Ops(&[Op::Export]),
             "resize" => Selection::Resize,
             "checkpoint" => Selection::Checkpoint,
+            "redis" => Selection::Redis,
             "apply" => Selection::Ops(&Op::APPLY),
             "apply-sgd" => Selection::Ops(&[Op::ApplySgd, Op::ApplySgdZipf]),
             "apply-adagrad" => Selection::Ops(&[Op::ApplyAdagrad, Op::ApplyAdagradZipf]),
@@ -210,7 +222,7 @@ impl Selection {
     fn ops(self) -> &'static [Op] {
         match self {
             Selection::Ops(ops) => ops,
-            Selection::Resize | Selection::Checkpoint => &[],
+            Selection::Resize | Selection::Checkpoint | Selection::Redis => &[],
         }
     }
 }
@@ -250,8 +262,15 @@ pub const SWEEP_DIMS: [usize; 2] = [8, 256];
 pub const APPLY_DIMS: [usize; 1] = [16];
 
 impl Options {
-    /// The plan these options describe.
+    /// The plan these options describe (the Redis group by default if
+    /// [`crate::redis::available`]).
     pub fn plan(&self) -> Plan {
+        self.plan_with(crate::redis::available())
+    }
+
+    /// The plan these options describe, `redis_installed` saying whether
+    /// the default includes the Redis group.
+    pub fn plan_with(&self, redis_installed: bool) -> Plan {
         let keys = self
             .keys
             .unwrap_or(if self.quick { 1 << 20 } else { 8 << 20 });
@@ -314,6 +333,18 @@ impl Options {
             repeats,
             destructive_repeats: if self.quick { 1 } else { repeats.min(3) },
             systems: self.systems.clone(),
+            redis: self
+                .redis
+                .unwrap_or(redis_installed && !self.quick)
+                .then(|| {
+                    let keys = self.keys.unwrap_or(crate::redis::DEFAULT_KEYS);
+                    crate::redis::RedisShape {
+                        keys,
+                        dim: self.dims.first().copied().unwrap_or(DEFAULT_DIM),
+                        batch: self.batch,
+                        sample: crate::redis::PER_KEY_SAMPLE.min(keys),
+                    }
+                }),
         }
     }
 }
@@ -440,6 +471,45 @@ mod tests {
         let p = run(&["--ops", "checkpoint", "--quick"]).unwrap().plan();
         assert_eq!(p.configs.len(), 1);
         assert!(p.configs[0].ops.is_empty() && p.configs[0].checkpoint);
+    }
+
+    #[test]
+    fn redis_runs_when_selected_or_by_default_when_installed() {
+        use crate::redis::RedisShape;
+        let none = |args: &[&str], installed| run(args).unwrap().plan_with(installed).redis;
+        assert_eq!(none(&[], false), None, "not installed");
+        assert_eq!(none(&["--quick"], true), None, "quick skips it");
+        assert_eq!(none(&["--ops", "lookup"], true), None, "not selected");
+        assert_eq!(
+            none(&[], true),
+            Some(RedisShape {
+                keys: 1_000_000,
+                dim: 64,
+                batch: 65_536,
+                sample: 20_000
+            })
+        );
+        let o = run(&[
+            "--ops", "redis", "--quick", "--keys", "5000", "--batch", "512",
+        ])
+        .unwrap();
+        assert!(!o.resize && !o.checkpoint);
+        let p = o.plan_with(false);
+        assert!(p.configs.is_empty(), "only the Redis group");
+        assert_eq!(
+            p.redis,
+            Some(RedisShape {
+                keys: 5000,
+                dim: 64,
+                batch: 512,
+                sample: 5000
+            })
+        );
+        let p = run(&["--ops", "redis,accum", "--dim", "16"])
+            .unwrap()
+            .plan_with(true);
+        assert_eq!(p.redis.map(|r| r.dim), Some(16));
+        assert_eq!(p.configs[0].ops, [Op::Accum]);
     }
 
     #[test]

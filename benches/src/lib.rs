@@ -29,6 +29,8 @@
 //! - [`suite`]: which ops run on which system, in which order;
 //! - [`resize`]: a reader's batch latency while a writer grows the table;
 //! - [`checkpoint`]: dynemb's save and restore throughput and memory;
+//! - [`redis`]: `dynemb-redis` on a local Redis Cluster against a per-key
+//!   client and `redis-benchmark` (`--ops redis`);
 //! - [`targets`]: the targets, checked against the measured figures;
 //! - [`report`]: the figures as tables and as JSON;
 //! - [`cli`]: the `compare` binary's flags.
@@ -40,6 +42,7 @@ pub mod apply;
 pub mod checkpoint;
 pub mod cli;
 pub mod harness;
+pub mod redis;
 pub mod report;
 pub mod resize;
 pub mod suite;

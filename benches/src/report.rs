@@ -280,6 +280,10 @@ pub struct Report {
     /// The optimizer-step targets' ratios at every measured dim, thread
     /// count and pick distribution (the targets use uniform picks).
     pub apply_ratios: Vec<ApplyRatio>,
+    /// The Redis group's figures (`--ops redis`), if it ran.
+    pub redis: Option<crate::redis::RedisResults>,
+    /// Why the Redis group did not complete, if it failed.
+    pub redis_error: Option<String>,
     /// Wall time of the whole run, s.
     pub wall_seconds: f64,
 }
@@ -391,6 +395,12 @@ impl Report {
                  (CPUs they kept busy on average; 0 = quiet machine)\n\n",
             );
             s.push_str(&runs_table(&self.runs));
+        }
+        if let Some(redis) = &self.redis {
+            s.push_str(&crate::redis::render(redis));
+        }
+        if let Some(error) = &self.redis_error {
+            let _ = writeln!(s, "\n### dynemb-redis: not measured ({error})");
         }
         if !self.targets.is_empty() {
             s.push_str("\n### targets\n\n");
@@ -798,6 +808,8 @@ mod tests {
                 vs_best_map: Some(4.0),
                 vs_dense: None,
             }],
+            redis: None,
+            redis_error: None,
             wall_seconds: 3.0,
         }
     }

@@ -88,6 +88,8 @@ pub struct Plan {
     pub destructive_repeats: usize,
     /// The systems, in run order.
     pub systems: Vec<System>,
+    /// The Redis group's workload, if it runs (see [`crate::redis`]).
+    pub redis: Option<crate::redis::RedisShape>,
 }
 
 /// Every figure measured by [`run`].

@@ -52,6 +52,17 @@
 //! - Learning rates (`train`): sparse 0.005 to 0.02 and dense 0.001 gave
 //!   the same AUC within 0.001; dense 0.003 was 0.002 worse.
 //!
+//! Decision: `--redis HOST:PORT[,HOST:PORT..]` trains the same model on a
+//! `dynemb_redis::RedisVariable` (a single server or cluster nodes; one
+//! reachable node of a cluster is enough). The table is
+//! `<--redis-prefix>:ctr/embeddings` (prefix [`DEFAULT_REDIS_PREFIX`]):
+//! the name is the local table's, so a checkpoint moves between the two.
+//! A run starts by clearing that table (rows left by an earlier run would
+//! change the result) and destroys it at the end unless `--redis-keep`;
+//! two runs at once on one Redis need different prefixes. The flags are
+//! checked here (`host:port`, no `{`/`}` in the prefix); whether the
+//! servers answer is found out when the table opens.
+//!
 //! The ground truth's AUC (about 0.785) is out of reach of any model of
 //! this much data: ranking by the true weights of the ids seen at least 20
 //! times in 2.5M training samples (0 for the others) gives 0.744, and 0.757
@@ -94,6 +105,8 @@ pub const MAX_EVAL_IDS: usize = 1 << 28;
 /// Most values in one batch's embedding rows (`batch × fields × dim`
 /// `f32`s: 1 GiB).
 pub const MAX_BATCH_VALUES: usize = 1 << 28;
+/// The Redis table's prefix unless `--redis-prefix` says otherwise.
+pub const DEFAULT_REDIS_PREFIX: &str = "ctr";
 /// Largest `--threads`.
 pub const MAX_THREADS: usize = 256;
 /// The environment variable that sizes candle's (rayon's) CPU thread pool.
@@ -130,6 +143,14 @@ training:
                          least recently trained are evicted down to 90% (default:
                          no limit; at least --batch x fields)
   --checkpoint DIR       save the trained model to DIR (default: a temporary one)
+redis (the table in Redis instead of this process's memory):
+  --redis HOST:PORT,..   a Redis server, or nodes of a Redis Cluster (one reachable
+                         node is enough); the table is PREFIX:ctr/embeddings, cleared
+                         at the start and destroyed at the end; the reload check
+                         restores the checkpoint into a local table
+  --redis-prefix PREFIX  namespace of the table's Redis keys (default ctr; no { or });
+                         concurrent runs on one Redis need different prefixes
+  --redis-keep           keep the Redis table after the run
   -h, --help             this text
 ";
 
@@ -181,6 +202,20 @@ pub struct Config {
     pub summary: bool,
     /// Seed of the synthetic data and of the model.
     pub seed: u64,
+    /// Where the table lives in Redis (`--redis`); `None`: in this
+    /// process's memory.
+    pub redis: Option<RedisChoice>,
+}
+
+/// The Redis table's settings (`--redis`, `--redis-prefix`, `--redis-keep`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RedisChoice {
+    /// `host:port` of the server or of cluster nodes.
+    pub nodes: Vec<String>,
+    /// Namespace of the table's Redis keys.
+    pub prefix: String,
+    /// Whether to keep the table after the run (else it is destroyed).
+    pub keep: bool,
 }
 
 /// Where [`Config::threads`] came from.
@@ -226,8 +261,8 @@ impl Environment {
 /// What the command line asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
-    /// Run with this configuration.
-    Run(Config),
+    /// Run with this configuration (boxed: it is much larger than `Help`).
+    Run(Box<Config>),
     /// Print [`USAGE`].
     Help,
 }
@@ -276,6 +311,9 @@ struct Given {
     threads: Option<usize>,
     max_size: Option<usize>,
     checkpoint: Option<PathBuf>,
+    redis: Option<Vec<String>>,
+    redis_prefix: Option<String>,
+    redis_keep: bool,
 }
 
 impl Config {
@@ -304,14 +342,14 @@ impl Config {
                 return Err(ConfigError::Repeated(name));
             }
             seen.push(name.clone());
-            if name == "--quick" || name == "--summary" {
+            if name == "--quick" || name == "--summary" || name == "--redis-keep" {
                 if let Some(value) = inline {
                     return Err(bad(&name, "no value", &value));
                 }
-                if name == "--quick" {
-                    given.quick = true;
-                } else {
-                    given.summary = true;
+                match name.as_str() {
+                    "--quick" => given.quick = true,
+                    "--summary" => given.summary = true,
+                    _ => given.redis_keep = true,
                 }
                 continue;
             }
@@ -326,7 +364,9 @@ impl Config {
             };
             given.set(&name, value)?;
         }
-        given.resolve(env).map(Command::Run)
+        given
+            .resolve(env)
+            .map(|config| Command::Run(Box::new(config)))
     }
 }
 
@@ -345,6 +385,8 @@ fn is_value_flag(name: &str) -> bool {
         "--threads",
         "--max-size",
         "--checkpoint",
+        "--redis",
+        "--redis-prefix",
     ]
     .contains(&name)
 }
@@ -365,6 +407,13 @@ impl Given {
             "--steps" => self.steps = Some(positive(name, &value)? as u64),
             "--threads" => self.threads = Some(positive(name, &value)?),
             "--max-size" => self.max_size = Some(positive(name, &value)?),
+            "--redis" => self.redis = Some(nodes(name, &value)?),
+            "--redis-prefix" => {
+                if value.is_empty() || value.contains(['{', '}']) {
+                    return Err(bad(name, "a non-empty prefix without { or }", &value));
+                }
+                self.redis_prefix = Some(value);
+            }
             _ => return Err(ConfigError::Unknown(name.to_string())),
         }
         Ok(())
@@ -445,7 +494,23 @@ impl Given {
                 None => (env.cores.clamp(1, MAX_THREADS), ThreadsFrom::Cores),
             },
         };
+        let redis = match self.redis {
+            Some(nodes) => Some(RedisChoice {
+                nodes,
+                prefix: self
+                    .redis_prefix
+                    .unwrap_or_else(|| DEFAULT_REDIS_PREFIX.to_string()),
+                keep: self.redis_keep,
+            }),
+            None if self.redis_prefix.is_some() || self.redis_keep => {
+                return Err(ConfigError::Conflict(
+                    "--redis-prefix and --redis-keep need --redis".into(),
+                ))
+            }
+            None => None,
+        };
         Ok(Config {
+            redis,
             data,
             eval_samples,
             dim,
@@ -521,6 +586,26 @@ fn positive(flag: &str, value: &str) -> Result<usize, ConfigError> {
     }
 }
 
+/// A comma-separated list of `host:port` nodes (at least one; the port a
+/// number from 1 to 65535).
+fn nodes(flag: &str, value: &str) -> Result<Vec<String>, ConfigError> {
+    const EXPECTED: &str = "HOST:PORT[,HOST:PORT..]";
+    value
+        .split(',')
+        .map(|node| {
+            let node = node.trim();
+            match node.rsplit_once(':') {
+                Some((host, port))
+                    if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0) =>
+                {
+                    Ok(node.to_string())
+                }
+                _ => Err(bad(flag, EXPECTED, value)),
+            }
+        })
+        .collect()
+}
+
 /// A non-empty path.
 fn path(flag: &str, value: String) -> Result<PathBuf, ConfigError> {
     if value.is_empty() {
@@ -568,7 +653,17 @@ impl fmt::Display for Config {
             or_none(self.checkpoint.as_ref().map(|p| p.display().to_string())),
             self.threads,
             self.threads_from,
-        )
+        )?;
+        if let Some(redis) = &self.redis {
+            write!(
+                f,
+                "\ntable: Redis {}, {}:ctr/embeddings, {} at the end",
+                redis.nodes.join(","),
+                redis.prefix,
+                if redis.keep { "kept" } else { "destroyed" }
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -619,7 +714,7 @@ mod tests {
 
     fn config(args: &[&str]) -> Config {
         match parse(args) {
-            Ok(Command::Run(config)) => config,
+            Ok(Command::Run(config)) => *config,
             other => panic!("{args:?} gave {other:?}"),
         }
     }
@@ -645,6 +740,60 @@ mod tests {
         assert_eq!((c.threads, c.threads_from), (4, ThreadsFrom::Cores));
         assert_eq!(c.seed, DEFAULT_SEED);
         assert!(!c.quick && !c.summary);
+    }
+
+    #[test]
+    fn redis_flags() {
+        assert_eq!(config(&[]).redis, None);
+        let c = config(&["--redis", "127.0.0.1:7000,redis-b:7001"]);
+        assert_eq!(
+            c.redis,
+            Some(RedisChoice {
+                nodes: vec!["127.0.0.1:7000".into(), "redis-b:7001".into()],
+                prefix: DEFAULT_REDIS_PREFIX.into(),
+                keep: false,
+            })
+        );
+        assert!(c.to_string().contains(
+            "table: Redis 127.0.0.1:7000,redis-b:7001, ctr:ctr/embeddings, destroyed at the end"
+        ));
+        let c = config(&[
+            "--redis=[::1]:6379",
+            "--redis-prefix",
+            "exp_3",
+            "--redis-keep",
+        ]);
+        assert_eq!(
+            c.redis,
+            Some(RedisChoice {
+                nodes: vec!["[::1]:6379".into()],
+                prefix: "exp_3".into(),
+                keep: true,
+            })
+        );
+        assert!(c.to_string().contains("exp_3:ctr/embeddings, kept"));
+        for nodes in ["localhost", "h:0", "h:70000", ":6379", "a:1,", "a:x"] {
+            refused(&["--redis", nodes], "--redis", nodes);
+        }
+        refused(
+            &["--redis", "h:1", "--redis-prefix", "a{b}"],
+            "--redis-prefix",
+            "a{b}",
+        );
+        refused(&["--redis-keep=yes"], "--redis-keep", "yes");
+        for alone in [&["--redis-keep"][..], &["--redis-prefix", "p"]] {
+            assert!(
+                matches!(parse(alone), Err(ConfigError::Conflict(_))),
+                "{alone:?}"
+            );
+        }
+        assert_eq!(
+            parse(&["--redis", "h:1", "--redis", "h:2"]),
+            Err(ConfigError::Repeated("--redis".into()))
+        );
+        for flag in ["--redis HOST:PORT", "--redis-prefix", "--redis-keep"] {
+            assert!(USAGE.contains(flag), "{flag}");
+        }
     }
 
     #[test]

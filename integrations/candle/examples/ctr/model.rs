@@ -3,7 +3,9 @@
 //! an MLP 256-128-1 of candle-nn `Linear` layers with ReLU; the output is
 //! the click logit.
 //!
-//! The table is a `dynemb::Variable<i64>` with a timestamp restrict policy
+//! The table is a `dynemb::Variable<i64>` (or, with `--redis`, a
+//! `dynemb_redis::RedisVariable<i64>` of the same settings, see `table`;
+//! the model is generic over it) with a timestamp restrict policy
 //! (so the training loop can keep it under `--max-size` by evicting the
 //! least recently trained rows) and small random-normal rows, deterministic
 //! per id. The MLP's weights live in a candle-nn `VarMap`, so they save and
@@ -21,7 +23,7 @@ use std::sync::{Arc, PoisonError};
 
 use candle_core::{Device, Module, ModuleT, Tensor, Var};
 use candle_nn::{Linear, VarBuilder, VarMap};
-use dynemb::{Initializer, RestrictPolicy, Variable};
+use dynemb::{EmbeddingStore, Initializer, RestrictPolicy, Variable};
 use dynemb_candle::{Embedding, EmbeddingConfig};
 use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
@@ -30,36 +32,45 @@ use rand_pcg::Pcg64Mcg;
 /// Widths of the MLP's hidden layers.
 pub const HIDDEN: [usize; 2] = [256, 128];
 
-/// The embedding table for `dim`-wide rows, named `ctr/embeddings`.
+/// The embedding table's name, local or in Redis (so that a checkpoint
+/// moves between the two).
+pub const TABLE_NAME: &str = "ctr/embeddings";
+
+/// The initializer of the table's rows: random normal, deterministic per
+/// id and `seed`.
+pub fn row_initializer(seed: u64) -> Initializer {
+    Initializer::RandomNormal {
+        mean: 0.0,
+        stddev: 0.05,
+        seed,
+    }
+}
+
+/// The restrict policy of the table (evict the least recently trained).
+pub const TABLE_POLICY: RestrictPolicy = RestrictPolicy::Timestamp;
+
+/// The embedding table for `dim`-wide rows, named [`TABLE_NAME`].
 pub fn embedding_table(dim: usize, shards: usize, seed: u64) -> dynemb::Result<Variable<i64>> {
-    Variable::<i64>::builder("ctr/embeddings")
+    Variable::<i64>::builder(TABLE_NAME)
         .dim(dim)
         .shards(shards)
-        .initializer(Initializer::RandomNormal {
-            mean: 0.0,
-            stddev: 0.05,
-            seed,
-        })
-        .restrict_policy(RestrictPolicy::Timestamp)
+        .initializer(row_initializer(seed))
+        .restrict_policy(TABLE_POLICY)
         .build()
 }
 
-/// Field embeddings and the MLP on top of them.
-pub struct CtrModel {
+/// Field embeddings (in a table of type `T`) and the MLP on top of them.
+pub struct CtrModel<T: EmbeddingStore<Key = i64>> {
     /// The sparse part: one row per (field, id).
-    pub embedding: Embedding<Variable<i64>>,
+    pub embedding: Embedding<T>,
     layers: Vec<Linear>,
     fields: usize,
 }
 
-impl CtrModel {
+impl<T: EmbeddingStore<Key = i64>> CtrModel<T> {
     /// A model over `table` for samples of `fields` ids; the MLP's weights
     /// come from `vb` (new ones from a `VarMap`, or loaded).
-    pub fn new(
-        table: Arc<Variable<i64>>,
-        vb: VarBuilder,
-        fields: usize,
-    ) -> dynemb_candle::Result<Self> {
+    pub fn new(table: Arc<T>, vb: VarBuilder, fields: usize) -> dynemb_candle::Result<Self> {
         let dim = table.dim();
         let embedding = Embedding::new(table, EmbeddingConfig::default())?;
         let widths = [fields * dim, HIDDEN[0], HIDDEN[1], 1];

@@ -30,6 +30,11 @@
 //! [`check_reload`] compares a reloaded model with the trained one: table
 //! size, sparse optimizer steps, the rows and Adam slots of sampled keys,
 //! and held-out predictions, all bit for bit.
+//!
+//! The trainer is generic over its table ([`CtrTable`]): a local
+//! `Variable<i64>` (the default type, [`Trainer::new`]) or a Redis one
+//! ([`Trainer::with_table`]). A checkpoint of either restores into
+//! either; `main` reloads a Redis-trained model into a local table.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -42,6 +47,7 @@ use dynemb_optim::{ParamsAdam, SparseAdam};
 
 use crate::model::{bce_with_logits, embedding_table, ids_tensor, init_mlp, CtrModel};
 use crate::source::Batch;
+use crate::table::CtrTable;
 
 /// The errors of training: the layer's, the table's and candle's.
 pub type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -83,12 +89,12 @@ pub struct ModelConfig {
     pub max_size: Option<usize>,
 }
 
-/// The model with its optimizers.
-pub struct Trainer {
+/// The model with its optimizers, its embeddings in a table of type `T`.
+pub struct Trainer<T: CtrTable = Variable<i64>> {
     config: ModelConfig,
-    table: Arc<Variable<i64>>,
+    table: Arc<T>,
     mlp: VarMap,
-    model: CtrModel,
+    model: CtrModel<T>,
     sparse: SparseStep<ParamsAdam>,
     dense: candle_nn::AdamW,
     device: Device,
@@ -96,21 +102,32 @@ pub struct Trainer {
 }
 
 impl Trainer {
-    /// A fresh model: an empty table and an MLP initialized from the seed.
+    /// A fresh model: an empty local table and an MLP initialized from the
+    /// seed.
     pub fn new(config: ModelConfig) -> Result<Self> {
         let table = embedding_table(config.dim, config.shards, config.seed)?;
         Self::assemble(config, table, VarMap::new(), None)
     }
 
-    /// A model from a checkpoint written by [`Trainer::save`], in fresh
-    /// objects (table, MLP and sparse optimizer state).
+    /// A model from a checkpoint written by [`Trainer::save`] (of a local
+    /// or a Redis table), in fresh objects (a local table, MLP and sparse
+    /// optimizer state).
     pub fn load(config: ModelConfig, dir: &Path) -> Result<Self> {
         let table = embedding_table(config.dim, config.shards, config.seed)?;
-        table.restore(dir.join("embeddings"))?;
+        CtrTable::restore(&table, &dir.join("embeddings"))?;
         let mut mlp = VarMap::new();
         let trainer = Self::assemble(config, table, mlp.clone(), Some(dir))?;
         mlp.load(dir.join("mlp.safetensors"))?;
         Ok(trainer)
+    }
+}
+
+impl<T: CtrTable> Trainer<T> {
+    /// A fresh model over `table`, which must be empty and made with the
+    /// local table's settings for `config` (see `table::open_redis`), and
+    /// an MLP initialized from the seed.
+    pub fn with_table(config: ModelConfig, table: T) -> Result<Self> {
+        Self::assemble(config, table, VarMap::new(), None)
     }
 
     /// Builds the model over `table` and `mlp` (whose variables the model
@@ -118,7 +135,7 @@ impl Trainer {
     /// are loaded over them afterwards).
     fn assemble(
         config: ModelConfig,
-        table: Variable<i64>,
+        table: T,
         mlp: VarMap,
         checkpoint: Option<&Path>,
     ) -> Result<Self> {
@@ -162,7 +179,7 @@ impl Trainer {
         self.sparse
             .backward_step(&loss, &mut self.dense, &[&self.model.embedding])?;
         if let Some(max) = self.config.max_size {
-            if self.table.size() > max {
+            if self.table.rows()? > max {
                 self.evicted += self.table.restrict(reserved_rows(max), max)?;
             }
         }
@@ -188,7 +205,7 @@ impl Trainer {
     /// `dir` (created if missing).
     pub fn save(&self, dir: &Path) -> Result<()> {
         std::fs::create_dir_all(dir)?;
-        self.table.save(dir.join("embeddings"))?;
+        self.table.save(&dir.join("embeddings"))?;
         self.sparse
             .optimizer()
             .save_state(dir.join("sparse_adam.json"))?;
@@ -197,7 +214,7 @@ impl Trainer {
     }
 
     /// The embedding table.
-    pub fn table(&self) -> &Variable<i64> {
+    pub fn table(&self) -> &T {
         &self.table
     }
 
@@ -236,16 +253,19 @@ pub struct ReloadCheck {
 /// the table), and bit-identical predictions on `eval`. An error says what
 /// differs; a trained model with an empty table (nothing trained) is an
 /// error too, since there would be nothing to compare.
-pub fn check_reload(trained: &Trainer, reloaded: &Trainer, eval: &Batch) -> Result<ReloadCheck> {
+pub fn check_reload<A: CtrTable, B: CtrTable>(
+    trained: &Trainer<A>,
+    reloaded: &Trainer<B>,
+    eval: &Batch,
+) -> Result<ReloadCheck> {
     let (a, b) = (trained.table(), reloaded.table());
-    if a.size() == 0 {
+    let (a_rows, b_rows) = (a.rows()?, b.rows()?);
+    if a_rows == 0 {
         return Err("reload check: the trained table is empty (nothing was trained)".into());
     }
-    if a.size() != b.size() {
+    if a_rows != b_rows {
         return Err(format!(
-            "reload check: the reloaded table has {} rows, the trained one {}",
-            b.size(),
-            a.size()
+            "reload check: the reloaded table has {b_rows} rows, the trained one {a_rows}"
         )
         .into());
     }
@@ -293,7 +313,7 @@ pub fn check_reload(trained: &Trainer, reloaded: &Trainer, eval: &Batch) -> Resu
         return Err("reload check: the reloaded model's held-out predictions differ".into());
     }
     Ok(ReloadCheck {
-        rows: a.size(),
+        rows: a_rows,
         steps: trained.steps(),
         keys: keys.len(),
         predictions: after.len(),
@@ -303,20 +323,18 @@ pub fn check_reload(trained: &Trainer, reloaded: &Trainer, eval: &Batch) -> Resu
 /// `min(count, size)` keys of `table`, spread evenly over its export
 /// order: the keys at positions `k * size / count` (every key of a table of
 /// at most `count` rows).
-fn sample_keys(table: &Variable<i64>, count: usize) -> Result<Vec<i64>> {
-    let size = table.size();
+pub fn sample_keys(table: &impl CtrTable, count: usize) -> Result<Vec<i64>> {
+    let size = table.rows()?;
     let count = count.min(size);
     let target = |k: usize| (k as u128 * size as u128 / count.max(1) as u128) as usize;
     let mut keys = Vec::with_capacity(count);
     let mut index = 0;
-    for chunk in table.export_chunks(1 << 14) {
-        for key in chunk?.0 {
-            if keys.len() < count && index == target(keys.len()) {
-                keys.push(key);
-            }
-            index += 1;
+    table.for_each_key(&mut |key| {
+        if keys.len() < count && index == target(keys.len()) {
+            keys.push(key);
         }
-    }
+        index += 1;
+    })?;
     Ok(keys)
 }
 

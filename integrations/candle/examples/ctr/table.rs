@@ -1,0 +1,300 @@
+//! Where the embedding table lives: [`CtrTable`], what the trainer needs
+//! of a table beyond [`EmbeddingStore`] (size, restrict, checkpoints,
+//! memory, a pass over the keys), for a local `Variable<i64>` and for a
+//! `RedisVariable<i64>` (`--redis`).
+//!
+//! Decision: a trait, and the trainer generic over it, rather than an enum
+//! of the two tables: the layer and the optimizer are generic over
+//! [`EmbeddingStore`] already, so the model trains either table with the
+//! same code, and the trait lists in one place what a table must offer
+//! besides.
+//!
+//! Decision: memory. A local table reports the bytes it holds; a Redis
+//! table's rows are in the servers' memory, which this process does not
+//! see (`INFO memory` counts everything a server holds, not this table),
+//! so [`CtrTable::memory_bytes`] is `None` and the epoch line shows rows
+//! only.
+//!
+//! Decision: the Redis table ([`open_redis`]) is named like the local one
+//! (`ctr/embeddings`), under `--redis-prefix`, with the same initializer
+//! and restrict policy; a run clears it first, so rows left by an earlier
+//! run (`--redis-keep`, or a run that was killed) do not change the
+//! result. A table of the same name and prefix with other settings (another
+//! `--dim` or `--seed`) is refused when it opens, with a hint to use
+//! another prefix.
+
+use std::path::Path;
+
+use dynemb::{EmbeddingStore, Variable};
+use dynemb_redis::{RedisConfig, RedisVariable};
+
+use crate::config::RedisChoice;
+use crate::model::{row_initializer, TABLE_NAME, TABLE_POLICY};
+
+/// Rows read per round trip when passing over a table's keys.
+const KEYS_PER_CHUNK: usize = 1 << 14;
+
+/// An embedding table the CTR trainer can train, restrict, checkpoint and
+/// check: a local `Variable<i64>` or a `RedisVariable<i64>`.
+pub trait CtrTable: EmbeddingStore<Key = i64> + 'static {
+    /// Rows in the table.
+    fn rows(&self) -> dynemb::Result<usize>;
+
+    /// Bytes the table holds in this process; `None` when its rows are
+    /// elsewhere (Redis).
+    fn memory_bytes(&self) -> Option<usize>;
+
+    /// If the table holds more than `trigger` rows, keeps the
+    /// `reserved` highest-scored (most recently trained) and removes the
+    /// others; returns how many it removed.
+    fn restrict(&self, reserved: usize, trigger: usize) -> dynemb::Result<usize>;
+
+    /// Writes the table (rows, slots, scores) to the checkpoint directory
+    /// `dir`, in dynemb's format.
+    fn save(&self, dir: &Path) -> dynemb::Result<()>;
+
+    /// Replaces the table's contents with the checkpoint at `dir`.
+    fn restore(&self, dir: &Path) -> dynemb::Result<()>;
+
+    /// Copies the rows of `keys` into `out` and tells which were present.
+    /// Never inserts.
+    fn lookup_with_exists(
+        &self,
+        keys: &[i64],
+        out: &mut [f32],
+        exists: &mut [bool],
+    ) -> dynemb::Result<()>;
+
+    /// Calls `each` with every key of the table, in the table's export
+    /// order, streaming (one chunk of keys in memory at a time).
+    fn for_each_key(&self, each: &mut dyn FnMut(i64)) -> dynemb::Result<()>;
+}
+
+impl CtrTable for Variable<i64> {
+    fn rows(&self) -> dynemb::Result<usize> {
+        Ok(self.size())
+    }
+    fn memory_bytes(&self) -> Option<usize> {
+        Some(Variable::memory_bytes(self))
+    }
+    fn restrict(&self, reserved: usize, trigger: usize) -> dynemb::Result<usize> {
+        Variable::restrict(self, reserved, trigger)
+    }
+    fn save(&self, dir: &Path) -> dynemb::Result<()> {
+        Variable::save(self, dir)
+    }
+    fn restore(&self, dir: &Path) -> dynemb::Result<()> {
+        Variable::restore(self, dir)
+    }
+    fn lookup_with_exists(
+        &self,
+        keys: &[i64],
+        out: &mut [f32],
+        exists: &mut [bool],
+    ) -> dynemb::Result<()> {
+        Variable::lookup_with_exists(self, keys, out, exists)
+    }
+    fn for_each_key(&self, each: &mut dyn FnMut(i64)) -> dynemb::Result<()> {
+        for chunk in self.export_chunks(KEYS_PER_CHUNK) {
+            chunk?.0.into_iter().for_each(&mut *each);
+        }
+        Ok(())
+    }
+}
+
+impl CtrTable for RedisVariable<i64> {
+    fn rows(&self) -> dynemb::Result<usize> {
+        self.size()
+    }
+    fn memory_bytes(&self) -> Option<usize> {
+        None
+    }
+    fn restrict(&self, reserved: usize, trigger: usize) -> dynemb::Result<usize> {
+        RedisVariable::restrict(self, reserved, trigger)
+    }
+    fn save(&self, dir: &Path) -> dynemb::Result<()> {
+        RedisVariable::save(self, dir)
+    }
+    fn restore(&self, dir: &Path) -> dynemb::Result<()> {
+        RedisVariable::restore(self, dir)
+    }
+    fn lookup_with_exists(
+        &self,
+        keys: &[i64],
+        out: &mut [f32],
+        exists: &mut [bool],
+    ) -> dynemb::Result<()> {
+        RedisVariable::lookup_with_exists(self, keys, out, exists)
+    }
+    fn for_each_key(&self, each: &mut dyn FnMut(i64)) -> dynemb::Result<()> {
+        for chunk in self.export_chunks(KEYS_PER_CHUNK) {
+            chunk?.0.into_iter().for_each(&mut *each);
+        }
+        Ok(())
+    }
+}
+
+/// Opens the Redis table `choice` describes for `dim`-wide rows from
+/// `seed` (the local table's settings) and clears it; returns it with the
+/// number of rows an earlier run had left in it.
+pub fn open_redis(
+    choice: &RedisChoice,
+    dim: usize,
+    seed: u64,
+) -> crate::train::Result<(RedisVariable<i64>, usize)> {
+    let config = RedisConfig {
+        nodes: choice.nodes.clone(),
+        prefix: choice.prefix.clone(),
+        ..RedisConfig::default()
+    };
+    let table = RedisVariable::<i64>::builder(TABLE_NAME)
+        .dim(dim)
+        .initializer(row_initializer(seed))
+        .restrict_policy(TABLE_POLICY)
+        .config(config)
+        .build()
+        .map_err(|error| -> Box<dyn std::error::Error> {
+            match error {
+                dynemb::Error::Mismatch { .. } => format!(
+                    "{error} (a table left by a run with other settings: choose another \
+                     --redis-prefix than {:?})",
+                    choice.prefix
+                )
+                .into(),
+                other => other.into(),
+            }
+        })?;
+    let left = table.size()?;
+    if left > 0 {
+        table.clear()?;
+    }
+    Ok((table, left))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::RedisChoice;
+    use crate::data::{Synthetic, SyntheticConfig};
+    use crate::redis_support::Server;
+    use crate::source::DataSource;
+    use crate::train::{check_reload, sample_keys, ModelConfig, Trainer, RELOAD_KEYS};
+    use std::time::Instant;
+
+    fn model() -> ModelConfig {
+        ModelConfig {
+            fields: 8,
+            dim: 8,
+            shards: 2,
+            seed: 11,
+            max_size: None,
+        }
+    }
+
+    /// `trainer` after 5 batches of 64 samples (320 in all).
+    fn train<T: CtrTable>(mut trainer: Trainer<T>) -> Trainer<T> {
+        let mut source = Synthetic::new(&SyntheticConfig {
+            fields: 8,
+            train_samples: 320,
+            eval_samples: 500,
+            seed: 5,
+        })
+        .unwrap();
+        while let Some(batch) = source.next_batch(64).unwrap() {
+            trainer.step(&batch).unwrap();
+        }
+        assert_eq!(trainer.steps(), 5);
+        trainer
+    }
+
+    /// The same `values` of `a` and `b`, to 1e-6.
+    fn close(what: &str, a: &[f32], b: &[f32]) {
+        assert_eq!(a.len(), b.len(), "{what}");
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!((x - y).abs() <= 1e-6, "{what}[{i}]: {x} against {y}");
+        }
+    }
+
+    /// A tiny training run on a real `redis-server` (started here, stopped
+    /// by PID) gives the local run's rows, Adam slots and predictions; the
+    /// Redis-trained model reloads into a local table identically; a
+    /// second opening of the table clears what the first left.
+    #[test]
+    fn a_redis_table_trains_like_a_local_one() {
+        let started = Instant::now();
+        let server = Server::start();
+        let choice = RedisChoice {
+            nodes: vec![server.addr()],
+            prefix: "ctr_test".into(),
+            keep: false,
+        };
+        let config = model();
+        let (table, left) = open_redis(&choice, config.dim, config.seed).unwrap();
+        assert_eq!(left, 0);
+        let handle = table.clone();
+        let remote = train(Trainer::with_table(config.clone(), table).unwrap());
+        let local = train(Trainer::new(config.clone()).unwrap());
+
+        let rows = local.table().rows().unwrap();
+        assert!(rows > 1000, "{rows} rows");
+        assert_eq!(remote.table().rows().unwrap(), rows);
+        assert_eq!(remote.table().memory_bytes(), None);
+        let keys = sample_keys(local.table(), rows).unwrap();
+        assert_eq!(keys.len(), rows);
+        let n = keys.len() * config.dim;
+        let (mut a, mut b) = (vec![0.0; n], vec![0.0; n]);
+        let mut exists = vec![false; keys.len()];
+        local.table().lookup(&keys, &mut a).unwrap();
+        remote
+            .table()
+            .lookup_with_exists(&keys, &mut b, &mut exists)
+            .unwrap();
+        assert!(exists.iter().all(|&e| e), "a trained key is not in Redis");
+        close("rows", &a, &b);
+        for slot in ["m", "v"] {
+            let (x, y) = (local.table(), remote.table());
+            x.lookup_slot(x.slot_id(slot).unwrap(), &keys, &mut a)
+                .unwrap();
+            y.lookup_slot(y.slot_id(slot).unwrap(), &keys, &mut b)
+                .unwrap();
+            close(slot, &a, &b);
+        }
+        let eval = Synthetic::new(&SyntheticConfig {
+            fields: 8,
+            train_samples: 320,
+            eval_samples: 500,
+            seed: 5,
+        })
+        .unwrap()
+        .eval_set()
+        .samples
+        .clone();
+        close(
+            "predictions",
+            &local.predict(&eval).unwrap(),
+            &remote.predict(&eval).unwrap(),
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        remote.save(dir.path()).unwrap();
+        let reloaded = Trainer::load(config.clone(), dir.path()).unwrap();
+        let check = check_reload(&remote, &reloaded, &eval).unwrap();
+        assert_eq!((check.rows, check.keys), (rows, RELOAD_KEYS.min(rows)));
+
+        // Reopened (a run with `--redis-keep` before): cleared first.
+        drop(remote);
+        let (again, left) = open_redis(&choice, config.dim, config.seed).unwrap();
+        assert_eq!((left, again.rows().unwrap()), (rows, 0));
+        // Other settings under the same prefix: refused, naming the flag.
+        let message = open_redis(&choice, config.dim + 1, config.seed)
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains("--redis-prefix"), "{message}");
+        handle.destroy().unwrap();
+        assert!(
+            started.elapsed().as_secs() < 30,
+            "took {:?}",
+            started.elapsed()
+        );
+    }
+}
