@@ -178,12 +178,25 @@ impl<K: Key> RedisVariable<K> {
                 row.extend_from_slice(&layout::new_version());
                 row.extend_from_slice(&score.to_le_bytes());
                 layout::f32_bytes(&rows.values[i * dim..(i + 1) * dim], &mut row);
-                for (column, &initial) in initials.iter().enumerate().take(width) {
+                // Every column the stored row has is kept, also one another
+                // process created after this load read the slot list.
+                for column in 0..width {
                     if let Some(j) = columns.iter().position(|&c| c == column) {
                         layout::f32_bytes(&rows.slots[j][i * dim..(i + 1) * dim], &mut row);
                     } else if let Some(kept) = old.and_then(|r| r.slot_bytes(column)) {
                         row.extend_from_slice(kept);
                     } else {
+                        let initial =
+                            initials
+                                .get(column)
+                                .copied()
+                                .ok_or_else(|| Error::Backend {
+                                    store: self.store().to_string(),
+                                    kind: BackendErrorKind::Corrupt,
+                                    message: format!(
+                                        "slot column {column} is not in the slot list"
+                                    ),
+                                })?;
                         layout::f32_bytes(&vec![initial; dim], &mut row);
                     }
                 }
