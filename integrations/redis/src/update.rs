@@ -132,7 +132,11 @@ impl<K: Key> RedisVariable<K> {
                 break;
             }
             if round > 1 {
-                std::thread::sleep(Duration::from_micros(200 * round.min(20) as u64));
+                // Half to one and a half times the round's pause, at random,
+                // so writers that collided do not retry in lockstep.
+                let base = 200 * round.min(20) as u64;
+                let jitter = u64::from_le_bytes(layout::new_version()) % base;
+                std::thread::sleep(Duration::from_micros(base / 2 + jitter));
             }
             let bits: Vec<u64> = pending.iter().map(|&t| targets[t].bits).collect();
             let grouped = Grouped::new(&bits, self.buckets())?;
