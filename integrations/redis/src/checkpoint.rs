@@ -197,7 +197,7 @@ impl<K: Key> RedisVariable<K> {
                                         "slot column {column} is not in the slot list"
                                     ),
                                 })?;
-                        layout::f32_bytes(&vec![initial; dim], &mut row);
+                        layout::f32_fill_bytes(initial, dim, &mut row);
                     }
                 }
                 built.push((bits, old.map(|r| r.version()), row));

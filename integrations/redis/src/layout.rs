@@ -89,6 +89,16 @@ pub(crate) fn f32_bytes(values: &[f32], out: &mut Vec<u8>) {
     }
 }
 
+/// `count` copies of `value`, as little-endian bytes appended to `out`
+/// (a slot column at its initial value).
+pub(crate) fn f32_fill_bytes(value: f32, count: usize, out: &mut Vec<u8>) {
+    let bytes = value.to_le_bytes();
+    out.reserve(count * 4);
+    for _ in 0..count {
+        out.extend_from_slice(&bytes);
+    }
+}
+
 /// Decodes little-endian `f32`s from `bytes` into `out` (same count).
 pub(crate) fn read_f32s(bytes: &[u8], out: &mut [f32]) {
     for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {

@@ -7,7 +7,6 @@
 //! every process sees every slot by the same index.
 
 use crate::cluster::Request;
-use crate::layout::Row;
 use crate::meta;
 use crate::reply;
 use crate::scripts;
@@ -196,14 +195,7 @@ impl<K: Key> RedisVariable<K> {
         check_len("out", batch_len(keys.len(), dim)?, out.len())?;
         let (bits, grouped) = self.group(keys)?;
         let rows = self.fetch(&bits, &grouped)?;
-        let parsed = rows
-            .iter()
-            .map(|r| {
-                r.as_deref()
-                    .map(|b| Row::parse(b, dim, self.store()))
-                    .transpose()
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let parsed = self.parse_rows(&rows)?;
         for (i, row) in parsed.iter().enumerate() {
             let part = &mut out[i * dim..(i + 1) * dim];
             match row {

@@ -44,6 +44,27 @@ use std::time::Duration;
 pub const MAX_ROUNDS: usize = 100;
 
 /// One distinct key of the batch being updated.
+/// One key's rows while its update runs, allocated once per call: the
+/// values and slot rows as stored, and the copies an occurrence's update
+/// tries (kept only if every result is finite).
+struct Scratch {
+    values: Vec<f32>,
+    slot_rows: Vec<f32>,
+    try_values: Vec<f32>,
+    try_slots: Vec<f32>,
+}
+
+impl Scratch {
+    fn new(dim: usize, slots: usize) -> Self {
+        Scratch {
+            values: vec![0.0; dim],
+            slot_rows: vec![0.0; dim * slots],
+            try_values: vec![0.0; dim],
+            try_slots: vec![0.0; dim * slots],
+        }
+    }
+}
+
 struct Target {
     bits: u64,
     /// Its positions in the batch, in order.
@@ -126,6 +147,7 @@ impl<K: Key> RedisVariable<K> {
             targets[t].positions.push(i);
         }
         let mut pending: Vec<usize> = (0..targets.len()).collect();
+        let mut scratch = Scratch::new(self.dim(), slots.len());
         let mut refused: Option<Refusal> = None;
         for round in 0..MAX_ROUNDS {
             if pending.is_empty() {
@@ -149,6 +171,7 @@ impl<K: Key> RedisVariable<K> {
                     stored.as_deref(),
                     slots,
                     &initials,
+                    &mut scratch,
                     &mut update,
                 )?;
                 if let Some(refusal) = refusal {
@@ -207,17 +230,22 @@ impl<K: Key> RedisVariable<K> {
         stored: Option<&[u8]>,
         slots: &[SlotId],
         initials: &[f32],
+        scratch: &mut Scratch,
         update: &mut impl FnMut(usize, &mut [f32], &mut [f32]),
     ) -> Result<(Option<NewRow>, Option<Refusal>)> {
         let dim = self.dim();
         let row = stored
             .map(|b| Row::parse(b, dim, self.store()))
             .transpose()?;
-        let mut values = vec![0.0; dim];
-        let mut slot_rows = vec![0.0; dim * slots.len()];
+        let Scratch {
+            values,
+            slot_rows,
+            try_values,
+            try_slots,
+        } = scratch;
         match &row {
-            Some(row) => row.values_into(&mut values),
-            None => self.initializer().fill(target.bits, &mut values),
+            Some(row) => row.values_into(values),
+            None => self.initializer().fill(target.bits, values),
         }
         for (j, slot) in slots.iter().enumerate() {
             let part = &mut slot_rows[j * dim..(j + 1) * dim];
@@ -228,24 +256,25 @@ impl<K: Key> RedisVariable<K> {
         }
         let mut applied = 0u64;
         let mut refused = None;
-        let (mut try_values, mut try_slots) = (values.clone(), slot_rows.clone());
+        try_values.copy_from_slice(values);
+        try_slots.copy_from_slice(slot_rows);
         for &position in &target.positions {
-            update(position, &mut try_values, &mut try_slots);
+            update(position, try_values, try_slots);
             let bad = try_values
                 .iter()
-                .chain(&try_slots)
+                .chain(try_slots.iter())
                 .find(|v| !v.is_finite())
                 .copied();
             match bad {
                 None => {
-                    values.copy_from_slice(&try_values);
-                    slot_rows.copy_from_slice(&try_slots);
+                    values.copy_from_slice(try_values);
+                    slot_rows.copy_from_slice(try_slots);
                     applied += 1;
                 }
                 Some(value) => {
                     refused.get_or_insert((position, value));
-                    try_values.copy_from_slice(&values);
-                    try_slots.copy_from_slice(&slot_rows);
+                    try_values.copy_from_slice(values);
+                    try_slots.copy_from_slice(slot_rows);
                 }
             }
         }
@@ -263,7 +292,7 @@ impl<K: Key> RedisVariable<K> {
         let mut bytes = Vec::with_capacity(HEADER + 4 * dim * (1 + columns));
         bytes.extend_from_slice(&layout::new_version());
         bytes.extend_from_slice(&score.to_le_bytes());
-        layout::f32_bytes(&values, &mut bytes);
+        layout::f32_bytes(values, &mut bytes);
         for column in 0..columns {
             if let Some(j) = slots.iter().position(|s| s.index() == column) {
                 layout::f32_bytes(&slot_rows[j * dim..(j + 1) * dim], &mut bytes);
@@ -271,7 +300,7 @@ impl<K: Key> RedisVariable<K> {
                 bytes.extend_from_slice(old);
             } else {
                 let initial = self.slot_initial(SlotId::new(self.store_id(), column))?;
-                layout::f32_bytes(&vec![initial; dim], &mut bytes);
+                layout::f32_fill_bytes(initial, dim, &mut bytes);
             }
         }
         let new = NewRow {

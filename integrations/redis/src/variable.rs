@@ -362,6 +362,22 @@ impl<K: Key> RedisVariable<K> {
         }
     }
 
+    /// Decodes fetched rows (`None`: absent), every one before any is
+    /// used, so a corrupt row fails the call before it writes anything.
+    pub(crate) fn parse_rows<'a>(
+        &self,
+        rows: &'a [Option<Vec<u8>>],
+    ) -> Result<Vec<Option<Row<'a>>>> {
+        let dim = self.dim();
+        rows.iter()
+            .map(|r| {
+                r.as_deref()
+                    .map(|b| Row::parse(b, dim, self.store()))
+                    .transpose()
+            })
+            .collect()
+    }
+
     /// The stored rows of a grouped batch (`HMGET` per bucket), each
     /// position's bytes or `None` if absent, in batch order.
     pub(crate) fn fetch(&self, bits: &[u64], grouped: &Grouped) -> Result<Vec<Option<Vec<u8>>>> {
@@ -415,14 +431,7 @@ impl<K: Key> RedisVariable<K> {
         let (bits, grouped) = self.group(keys)?;
         let rows = self.fetch(&bits, &grouped)?;
         // Decode everything before writing `out`: an error leaves it as it was.
-        let parsed = rows
-            .iter()
-            .map(|r| {
-                r.as_deref()
-                    .map(|b| Row::parse(b, dim, self.store()))
-                    .transpose()
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let parsed = self.parse_rows(&rows)?;
         for (i, row) in parsed.iter().enumerate() {
             let slot = &mut out[i * dim..(i + 1) * dim];
             match row {
