@@ -14,7 +14,7 @@
 //! non-zero dimensions times the widest row overflowing) is an error too,
 //! even when it holds no ids.
 
-use candle_core::{CpuStorage, DType, Storage, Tensor};
+use candle_core::{CpuStorage, Storage, Tensor};
 use dynemb::Key;
 
 use crate::{Error, Result};
@@ -117,44 +117,29 @@ impl<K: IdKey> Ids<K> {
     /// the [module docs](self) say.
     pub fn from_tensor(ids: &Tensor) -> Result<Self> {
         check_shape("ids", ids.dims())?;
-        let keys = {
-            // A contiguous tensor on the CPU (the usual case) is read in place.
-            let (storage, layout) = ids.storage_and_layout();
-            match (&*storage, layout.contiguous_offsets()) {
-                (Storage::Cpu(CpuStorage::I64(v)), Some((start, end))) => {
-                    Some(convert_all(&v[start..end], K::from_i64))
-                }
-                (Storage::Cpu(CpuStorage::U32(v)), Some((start, end))) => {
-                    Some(convert_all(&v[start..end], |id: u32| {
-                        K::from_value(i64::from(id))
-                    }))
-                }
-                (Storage::Cpu(CpuStorage::I32(v)), Some((start, end))) => {
-                    Some(convert_all(&v[start..end], |id: i32| {
-                        K::from_value(i64::from(id))
-                    }))
-                }
-                _ => None,
+        // Read in place: a contiguous tensor on the CPU (the usual case) as
+        // it is, anything else after one copy into that form.
+        let flat = ids
+            .flatten_all()?
+            .to_device(&candle_core::Device::Cpu)?
+            .contiguous()?;
+        let (storage, layout) = flat.storage_and_layout();
+        let (start, end) = layout.contiguous_offsets().ok_or_else(|| {
+            Error::invalid("ids: a contiguous tensor is not laid out contiguously")
+        })?;
+        let keys = match &*storage {
+            Storage::Cpu(CpuStorage::I64(v)) => convert_all(&v[start..end], K::from_i64)?,
+            Storage::Cpu(CpuStorage::U32(v)) => {
+                convert_all(&v[start..end], |id: u32| K::from_value(i64::from(id)))?
             }
-        };
-        let keys = match keys {
-            Some(keys) => keys?,
-            None => {
-                let flat = ids.flatten_all()?;
-                match ids.dtype() {
-                    DType::I64 => convert_all(&flat.to_vec1::<i64>()?, K::from_i64)?,
-                    DType::U32 => convert_all(&flat.to_vec1::<u32>()?, |id: u32| {
-                        K::from_value(i64::from(id))
-                    })?,
-                    DType::I32 => convert_all(&flat.to_vec1::<i32>()?, |id: i32| {
-                        K::from_value(i64::from(id))
-                    })?,
-                    other => {
-                        return Err(Error::invalid(format!(
-                            "ids must be i64, u32 or i32, got {other:?}"
-                        )))
-                    }
-                }
+            Storage::Cpu(CpuStorage::I32(v)) => {
+                convert_all(&v[start..end], |id: i32| K::from_value(i64::from(id)))?
+            }
+            _ => {
+                return Err(Error::invalid(format!(
+                    "ids must be i64, u32 or i32, got {:?}",
+                    ids.dtype()
+                )))
             }
         };
         Ok(Ids {
