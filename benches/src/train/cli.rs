@@ -20,8 +20,9 @@ usage: train [--quick] [--steps N] [--warmup W] [--threads T] [--models M[,M..]]
   --quick         2 warm-up and 3 timed steps per run (CI)
   --steps N       timed steps per run (default 50; --quick: 3)
   --warmup W      untimed steps before them (default 10; --quick: 2)
-  --threads T     threads of candle's CPU kernels and rayon's pool (default 2), which also
-                  runs dynemb-candle's lookup_or_insert and optimizer apply
+  --threads T     threads of candle's CPU kernels (default 2), which also run
+                  dynemb-candle's lookup_or_insert, gather and optimizer apply, and of
+                  rayon's pool (candle's matrix products)
   --models M,..   which models to run, in this order (default all): linear (dynemb +
                   Linear: layer API, staged), hashed (candle-nn Embedding of 1M rows +
                   Linear), mlp (dynemb + MLP 256-128-1: layer API, staged)

@@ -10,12 +10,12 @@
 //! - [`Way::Staged`]: the same calls taken apart at the crate's public
 //!   seams, so each stage is timed: `Ids::from_tensor`; `Dedup::unique`;
 //!   the recorder's `read` (`lookup_or_insert` into a fresh `Var`);
-//!   `index_select` and `record`; the head; the loss; `backward`; the
+//!   `gather_rows` and `record`; the head; the loss; `backward`; the
 //!   layer's `gather_grads` and `SparseGrads::check`; `AdamW::step`;
 //!   `begin_step`, `SparseGrads::apply` and `discard_batches`. These are the
 //!   calls `forward_train` and `SparseStep::backward_step` make, in their
 //!   order, each buffer living as long as it does there (so
-//!   `lookup_or_insert` and the apply are split over rayon's threads as
+//!   `lookup_or_insert` and the apply are split over candle's threads as
 //!   in the layer's calls: `dynemb_candle::parallel`).
 //!
 //! Ids enter the layer as a flat `[batch * FIELDS]` tensor (a view of the
@@ -28,7 +28,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::{AdamW, Module, Optimizer, VarBuilder, VarMap};
 use dynemb::{Initializer, Variable};
 use dynemb_candle::{
-    Dedup, Embedding, EmbeddingConfig, Ids, SparseGrads, SparseModule, SparseStep,
+    gather_rows, Dedup, Embedding, EmbeddingConfig, Ids, SparseGrads, SparseModule, SparseStep,
 };
 use dynemb_optim::{ParamsAdam, SparseAdam};
 use serde::{Deserialize, Serialize};
@@ -120,9 +120,7 @@ impl DynembModel {
         let rows = recorder.read(&keys, &self.device)?;
         laps.lap(Stage::Lookup);
         let positions = inverse.len();
-        let inverse = Tensor::from_vec(inverse, positions, &self.device)?;
-        let x = rows
-            .index_select(&inverse, 0)?
+        let x = gather_rows(rows.as_tensor(), inverse, (positions, DIM))?
             .reshape((samples, FIELDS * DIM))?;
         recorder.record(keys, rows)?;
         laps.lap(Stage::Gather);

@@ -33,9 +33,9 @@
 //! `CANDLE_NUM_THREADS` before candle or rayon start, so candle's matrix
 //! products (rayon) and element-wise kernels (candle's own pool) use T
 //! threads. dynemb-candle splits its two big store calls
-//! (`lookup_or_insert` and the optimizer's apply) over rayon's pool
-//! (`dynemb_candle::parallel`); the dedup and the gather run on the
-//! training loop's thread.
+//! (`lookup_or_insert` and the optimizer's apply) and its gather (forward
+//! and backward) over candle's own pool (`dynemb_candle::threads`); the
+//! dedup runs on the training loop's thread.
 //!
 //! Allocator: the binary runs with glibc tunables that keep freed memory in
 //! the process ([`malloc`]; `--glibc-malloc` keeps glibc's defaults).

@@ -114,8 +114,8 @@ impl TrainReport {
         out.push_str(&self.stages_table());
         out.push_str(
             "\nembedding path = ids->keys + dedup + lookup_or_insert + gather + grad read + \
-             sparse apply. backward also runs the gather's backward (index_add into the \
-             distinct rows' gradient), not counted in the path.\n",
+             sparse apply. backward also runs the gather's backward (the positions' \
+             gradient summed into the distinct rows'), not counted in the path.\n",
         );
         out.push_str(
             "\n### targets (measured: the library as a user calls it, layer API; the share: \
@@ -124,8 +124,8 @@ impl TrainReport {
         out.push_str(&goals_table(&self.goals));
         let _ = writeln!(
             out,
-            "\nthreads: --threads {} (candle kernels: {}, rayon pool: {}, which also runs \
-             dynemb-candle's lookup_or_insert and apply); malloc: {}; {} CPUs, transparent huge pages: {}; {} \
+            "\nthreads: --threads {} (candle kernels, which also run dynemb-candle's \
+             lookup_or_insert, gather and apply: {}; rayon pool, candle's matrix products: {}); malloc: {}; {} CPUs, transparent huge pages: {}; {} \
              batches generated in {:.1} s; wall time {:.0} s",
             s.threads,
             s.candle_threads,

@@ -35,8 +35,8 @@ pub enum Stage {
     Dedup,
     /// `lookup_or_insert` of the distinct keys into a fresh `Var`.
     Lookup,
-    /// `index_select` of the rows to the ids' positions (the baseline's
-    /// `candle_nn::Embedding::forward`), reshaped to `[batch, fields * dim]`.
+    /// The rows copied to the ids' positions (dynemb: `gather_rows`; the
+    /// baseline: `candle_nn::Embedding::forward`'s `index_select`), reshaped to `[batch, fields * dim]`.
     Gather,
     /// The dense part's forward (linear head or MLP).
     DenseForward,
@@ -85,8 +85,8 @@ impl Stage {
 
     /// Whether the stage is the embedding path's own work (everything but
     /// the dense part, the loss, the backward pass and the dense
-    /// optimizer). The backward pass also runs the gather's backward (an
-    /// `index_add` into the distinct rows' gradient), which no stage can
+    /// optimizer). The backward pass also runs the gather's backward (the
+    /// positions' gradient summed into the distinct rows'), which no stage can
     /// separate from the dense part's.
     pub fn is_embedding_path(self) -> bool {
         matches!(

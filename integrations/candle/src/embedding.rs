@@ -11,7 +11,8 @@
 //!   deduplicated, the distinct keys' rows are read with
 //!   `lookup_or_insert` (missing keys are inserted with the initializer's
 //!   row) into one fresh variable `[n_unique, dim]`, and gathered back to
-//!   the ids' positions with `index_select`. The keys and the variable are
+//!   the ids' positions ([`gather_rows`]: `index_select`'s values, with a
+//!   backward that sums straight into the variable's gradient). The keys and the variable are
 //!   recorded ([`crate::record`]) for [`SparseStep`](crate::SparseStep),
 //!   which applies the variable's gradient after `loss.backward()`; each
 //!   call records one batch.
@@ -46,6 +47,7 @@ use candle_core::{DType, Device, ModuleT, Tensor, Var};
 use dynemb::EmbeddingStore;
 use dynemb_optim::Rule;
 
+use crate::gather::gather_rows;
 use crate::max_norm::clip_tensor_rows;
 use crate::record::Recorder;
 use crate::regularizer::Regularizer;
@@ -153,33 +155,24 @@ where
         }
         let unique = Dedup::with_thread_local(|dedup| dedup.unique(ids.keys()))?;
         let (keys, inverse) = unique.into_parts();
-        let positions = inverse.len();
-        let inverse = Tensor::from_vec(inverse, positions, device)?;
         let store = self.recorder.store();
         if !(train && store.trainable()) {
             let rows = read_rows(&**store, &keys, device)?;
-            return self.gather(&rows, &inverse, shape);
+            return self.gather(&rows, inverse, shape);
         }
         let rows = self.recorder.read(&keys, device)?;
-        let output = self.gather(rows.as_tensor(), &inverse, shape)?;
+        let output = self.gather(rows.as_tensor(), inverse, shape)?;
         self.recorder.record(keys, rows)?;
         Ok(output)
     }
 
     /// Clips the distinct rows (with `max_norm`) and gathers them to the
-    /// ids' positions in the output's shape.
-    fn gather(&self, rows: &Tensor, inverse: &Tensor, shape: Vec<usize>) -> Result<Tensor> {
-        let rows = match self.config.max_norm {
-            Some(max_norm) => clip_tensor_rows(rows, max_norm)?,
-            None => rows.clone(),
-        };
-        let gathered = rows.index_select(inverse, 0)?;
-        // A reshape is a graph node whose backward copies the whole
-        // gradient: skip it when the ids are already a vector.
-        if gathered.dims() == shape.as_slice() {
-            return Ok(gathered);
+    /// ids' positions in the output's shape ([`gather_rows`]).
+    fn gather(&self, rows: &Tensor, inverse: Vec<u32>, shape: Vec<usize>) -> Result<Tensor> {
+        match self.config.max_norm {
+            Some(max_norm) => gather_rows(&clip_tensor_rows(rows, max_norm)?, inverse, shape),
+            None => gather_rows(rows, inverse, shape),
         }
-        Ok(gathered.reshape(shape)?)
     }
 
     /// The regularizer's penalty on the rows of the batches recorded since

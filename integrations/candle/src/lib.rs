@@ -24,9 +24,9 @@
 //!   as one optimizer step over every table the model read (layers sharing
 //!   a table train it with their summed gradient), beside candle-nn's
 //!   dense optimizer ([`SparseStep::backward_step`]).
-//! - **Threads** ([`parallel`]): a large batch's store reads and its
-//!   optimizer update are split over rayon's pool, the threads candle's
-//!   CPU kernels run on, with the same results as one call.
+//! - **Threads** ([`parallel`], [`threads`]): a large batch's store reads,
+//!   its gather and its optimizer update are split over candle's own CPU
+//!   threads, with the same results as one call.
 //!
 //! The layers are generic over [`dynemb::EmbeddingStore`], so they train a
 //! local `Variable` and any other store alike. Every function checks its
@@ -57,16 +57,19 @@ pub use sparse_ids::{RowRanges, SparseIds};
 // Layers, their per-batch records and the optimizer step.
 pub mod embedding;
 pub mod embedding_bag;
+pub mod gather;
 pub mod max_norm;
 pub mod parallel;
 pub mod record;
 pub mod regularizer;
 pub mod rows;
 pub mod step;
+pub mod threads;
 pub mod unique;
 
 pub use embedding::{Embedding, EmbeddingConfig};
 pub use embedding_bag::{EmbeddingBag, EmbeddingBagConfig};
+pub use gather::gather_rows;
 pub use record::{RecordedBatch, Recorder};
 pub use regularizer::Regularizer;
 pub use step::{SparseGrads, SparseModule, SparseStep};

@@ -1,14 +1,13 @@
 //! The embedding path's store calls spread over candle's CPU threads.
 //!
-//! candle runs its CPU kernels on rayon's threads (as many as
-//! `RAYON_NUM_THREADS`, else the physical cores); a training step's own
-//! store calls ran on the caller's thread alone, so during the two largest
-//! (reading a batch's distinct rows with `lookup_or_insert`, and the
-//! optimizer's update of them) the other cores idled. Here a batch of at
-//! least [`MIN_KEYS_PER_CHUNK`] keys per thread is cut into one chunk per
-//! thread of rayon's global pool and each chunk is one store call on its
-//! own thread; smaller batches, or a pool of one thread, stay one call on
-//! the caller's thread.
+//! A training step's own store calls would run on the caller's thread
+//! alone, so during the two largest (reading a batch's distinct rows with
+//! `lookup_or_insert`, and the optimizer's update of them) the other cores
+//! would idle. Here a batch of at least [`MIN_KEYS_PER_CHUNK`] keys per
+//! thread is cut into one chunk per thread of candle's CPU pool
+//! ([`crate::threads`]) and each chunk is one store call on its own
+//! thread; smaller batches, or a pool of one thread, stay one call on the
+//! caller's thread.
 //!
 //! Invariants that keep a split call equal to one call:
 //! - reads ([`lookup`], [`lookup_or_insert`]) write disjoint parts of the
@@ -37,16 +36,18 @@
 use dynemb::{EmbeddingStore, Error};
 use dynemb_optim::dedup::Dedup;
 use dynemb_optim::{check_step, Rule, Step};
-use rayon::prelude::*;
+
+use crate::threads;
 
 /// Fewest keys a thread is handed: below two chunks of this a call stays
 /// on its caller's thread (a hand-off costs tens of microseconds, a key a
 /// few hundred nanoseconds).
 pub const MIN_KEYS_PER_CHUNK: usize = 4096;
 
-/// Keys per chunk for a batch of `keys` keys, or `None` to make one call.
-fn chunk_len(keys: usize) -> Option<usize> {
-    let chunks = rayon::current_num_threads().min(keys / MIN_KEYS_PER_CHUNK);
+/// Keys per chunk for a batch of `keys` keys split over `threads`
+/// threads, or `None` to make one call.
+fn chunk_len(keys: usize, threads: usize) -> Option<usize> {
+    let chunks = threads.min(keys / MIN_KEYS_PER_CHUNK);
     (chunks >= 2).then(|| keys.div_ceil(chunks))
 }
 
@@ -65,9 +66,8 @@ fn check_len(what: &'static str, len: usize, rows: usize, dim: usize) -> dynemb:
     Ok(())
 }
 
-/// Runs `call(first, keys, out)` on every chunk of `keys` (`first`: the
-/// chunk's first position) with its rows of `out`, on rayon's threads; the
-/// first failing chunk's error.
+/// Runs `call(keys, out)` on every chunk of `chunk` keys with its rows of
+/// `out`, on candle's threads; the first failing chunk's error.
 fn split_rows<K: Sync>(
     keys: &[K],
     out: &mut [f32],
@@ -75,15 +75,15 @@ fn split_rows<K: Sync>(
     chunk: usize,
     call: impl Fn(&[K], &mut [f32]) -> dynemb::Result<()> + Sync,
 ) -> dynemb::Result<()> {
-    let results: Vec<dynemb::Result<()>> = keys
-        .par_chunks(chunk)
-        .zip(out.par_chunks_mut(chunk * dim))
-        .map(|(keys, out)| call(keys, out))
-        .collect();
-    results.into_iter().collect()
+    threads::run_chunks_mut(out, chunk * dim, |part, out| {
+        let first = part * chunk;
+        call(&keys[first..(first + chunk).min(keys.len())], out)
+    })
+    .into_iter()
+    .collect()
 }
 
-/// [`EmbeddingStore::lookup`], split over rayon's threads (see the
+/// [`EmbeddingStore::lookup`], split over candle's threads (see the
 /// [module docs](self)): copies the rows of `keys` into `out`, inserting
 /// nothing.
 pub fn lookup<S: EmbeddingStore>(
@@ -91,8 +91,18 @@ pub fn lookup<S: EmbeddingStore>(
     keys: &[S::Key],
     out: &mut [f32],
 ) -> dynemb::Result<()> {
+    lookup_over(store, keys, out, threads::count())
+}
+
+/// [`lookup`] split for `threads` threads.
+fn lookup_over<S: EmbeddingStore>(
+    store: &S,
+    keys: &[S::Key],
+    out: &mut [f32],
+    threads: usize,
+) -> dynemb::Result<()> {
     let dim = store.dim();
-    match chunk_len(keys.len()) {
+    match chunk_len(keys.len(), threads) {
         Some(chunk) if dim > 0 => {
             check_len("out", out.len(), keys.len(), dim)?;
             split_rows(keys, out, dim, chunk, |keys, out| store.lookup(keys, out))
@@ -101,7 +111,7 @@ pub fn lookup<S: EmbeddingStore>(
     }
 }
 
-/// [`EmbeddingStore::lookup_or_insert`], split over rayon's threads (see
+/// [`EmbeddingStore::lookup_or_insert`], split over candle's threads (see
 /// the [module docs](self)): copies the rows of `keys` into `out`,
 /// inserting missing keys with the initializer's row.
 pub fn lookup_or_insert<S: EmbeddingStore>(
@@ -109,8 +119,18 @@ pub fn lookup_or_insert<S: EmbeddingStore>(
     keys: &[S::Key],
     out: &mut [f32],
 ) -> dynemb::Result<()> {
+    lookup_or_insert_over(store, keys, out, threads::count())
+}
+
+/// [`lookup_or_insert`] split for `threads` threads.
+fn lookup_or_insert_over<S: EmbeddingStore>(
+    store: &S,
+    keys: &[S::Key],
+    out: &mut [f32],
+    threads: usize,
+) -> dynemb::Result<()> {
     let dim = store.dim();
-    match chunk_len(keys.len()) {
+    match chunk_len(keys.len(), threads) {
         Some(chunk) if dim > 0 => {
             check_len("out", out.len(), keys.len(), dim)?;
             split_rows(keys, out, dim, chunk, |keys, out| {
@@ -121,7 +141,7 @@ pub fn lookup_or_insert<S: EmbeddingStore>(
     }
 }
 
-/// [`Step::apply`], split over rayon's threads (see the
+/// [`Step::apply`], split over candle's threads (see the
 /// [module docs](self)): one optimizer step on the rows of `keys` with
 /// their gradient rows `grads` (`keys.len() * dim` values; a key repeated
 /// takes its summed gradient, once).
@@ -131,25 +151,34 @@ pub fn apply<S: EmbeddingStore, R: Rule>(
     keys: &[S::Key],
     grads: &[f32],
 ) -> dynemb::Result<()> {
+    apply_over(step, store, keys, grads, threads::count())
+}
+
+/// [`apply`] split for `threads` threads.
+fn apply_over<S: EmbeddingStore, R: Rule>(
+    step: &Step<R>,
+    store: &S,
+    keys: &[S::Key],
+    grads: &[f32],
+    threads: usize,
+) -> dynemb::Result<()> {
     let dim = store.dim();
-    if dim == 0 || chunk_len(keys.len()).is_none() {
+    if dim == 0 || chunk_len(keys.len(), threads).is_none() {
         return step.apply(store, keys, grads);
     }
     check_step(step.params(), store, keys, grads)?;
     Dedup::with_thread_local(|scratch| {
         let batch = scratch.run(keys, grads, dim)?;
         let distinct = batch.keys.len();
-        let Some(chunk) = chunk_len(distinct) else {
+        let Some(chunk) = chunk_len(distinct, threads) else {
             return step.apply_deduped(store, &batch);
         };
-        let results: Vec<dynemb::Result<()>> = (0..distinct.div_ceil(chunk))
-            .into_par_iter()
-            .map(|c| {
-                let part = batch.part(c * chunk..((c + 1) * chunk).min(distinct), dim);
-                step.apply_deduped(store, &part)
-            })
-            .collect();
-        results.into_iter().collect()
+        threads::run(distinct.div_ceil(chunk), |c| {
+            let part = batch.part(c * chunk..((c + 1) * chunk).min(distinct), dim);
+            step.apply_deduped(store, &part)
+        })
+        .into_iter()
+        .collect()
     })
 }
 
@@ -171,13 +200,6 @@ mod tests {
             .unwrap()
     }
 
-    fn pool(threads: usize) -> rayon::ThreadPool {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap()
-    }
-
     fn rows(var: &Variable<i64>, keys: &[i64]) -> Vec<f32> {
         let mut out = vec![0.0; keys.len() * var.dim()];
         var.lookup(keys, &mut out).unwrap();
@@ -186,14 +208,14 @@ mod tests {
 
     #[test]
     fn small_batches_and_single_threads_make_one_call() {
-        assert_eq!(chunk_len(MIN_KEYS_PER_CHUNK * 2 - 1), None);
-        assert_eq!(pool(1).install(|| chunk_len(1 << 20)), None);
+        assert_eq!(chunk_len(MIN_KEYS_PER_CHUNK * 2 - 1, 8), None);
+        assert_eq!(chunk_len(1 << 20, 1), None);
         assert_eq!(
-            pool(3).install(|| chunk_len(3 * MIN_KEYS_PER_CHUNK)),
+            chunk_len(3 * MIN_KEYS_PER_CHUNK, 3),
             Some(MIN_KEYS_PER_CHUNK)
         );
         assert_eq!(
-            pool(3).install(|| chunk_len(2 * MIN_KEYS_PER_CHUNK + 1)),
+            chunk_len(2 * MIN_KEYS_PER_CHUNK + 1, 3),
             Some(MIN_KEYS_PER_CHUNK + 1)
         );
     }
@@ -203,17 +225,15 @@ mod tests {
         let keys: Vec<i64> = (0..20_011).map(|k| k * 7 - 3000).collect();
         let (split, whole) = (table("split"), table("whole"));
         let mut got = vec![0.0; keys.len() * 4];
-        pool(3).install(|| lookup(&split, &keys, &mut got)).unwrap();
+        lookup_over(&split, &keys, &mut got, 3).unwrap();
         assert_eq!(split.size(), 0, "lookup inserts nothing");
-        pool(3)
-            .install(|| lookup_or_insert(&split, &keys, &mut got))
-            .unwrap();
+        lookup_or_insert_over(&split, &keys, &mut got, 3).unwrap();
         let mut want = vec![0.0; keys.len() * 4];
         whole.lookup_or_insert(&keys, &mut want).unwrap();
         assert_eq!(got, want);
         assert_eq!(split.size(), keys.len());
         let mut short = vec![0.0; keys.len() * 4 - 1];
-        let err = pool(3).install(|| lookup_or_insert(&split, &keys, &mut short));
+        let err = lookup_or_insert_over(&split, &keys, &mut short, 3);
         assert!(matches!(
             err,
             Err(Error::LengthMismatch { what: "out", .. })
@@ -238,9 +258,7 @@ mod tests {
         );
         for _ in 0..2 {
             let step = a.begin_step().unwrap();
-            pool(3)
-                .install(|| apply(&step, &split, &keys, &grads))
-                .unwrap();
+            apply_over(&step, &split, &keys, &grads, 3).unwrap();
             b.apply(&whole, &keys, &grads).unwrap();
         }
         assert_eq!(rows(&split, &distinct), rows(&whole, &distinct));
@@ -266,7 +284,7 @@ mod tests {
         let (split, whole) = (table("split"), table("whole"));
         let a = SparseSgd::new(params).unwrap();
         let step = a.begin_step().unwrap();
-        let got = pool(2).install(|| apply(&step, &split, &keys, &grads));
+        let got = apply_over(&step, &split, &keys, &grads, 2);
         let want = SparseSgd::new(params).unwrap().apply(&whole, &keys, &grads);
         assert!(
             matches!(want, Err(Error::NonFinite { index: 15_000, .. })),
@@ -287,7 +305,7 @@ mod tests {
         let params = ParamsSgd { lr: 0.5 };
         let (split, whole) = (table("split"), table("whole"));
         let step = SparseSgd::new(params).unwrap().begin_step().unwrap();
-        let got = pool(2).install(|| apply(&step, &split, &keys, &grads));
+        let got = apply_over(&step, &split, &keys, &grads, 2);
         let want = SparseSgd::new(params).unwrap().apply(&whole, &keys, &grads);
         assert!(
             matches!(want, Err(Error::NonFinite { index: 9_999, .. })),
@@ -307,13 +325,13 @@ mod tests {
         let var = table("bad");
         let opt = SparseAdam::new(ParamsAdam::default()).unwrap();
         let step = opt.begin_step().unwrap();
-        let err = pool(2).install(|| apply(&step, &var, &keys, &grads));
+        let err = apply_over(&step, &var, &keys, &grads, 2);
         assert!(
             matches!(err, Err(Error::NonFinite { index, .. }) if index == 19_999 * 4 + 2),
             "{err:?}"
         );
         assert_eq!(var.size(), 0);
-        let err = pool(2).install(|| apply(&step, &var, &keys, &grads[1..]));
+        let err = apply_over(&step, &var, &keys, &grads[1..], 2);
         assert!(matches!(err, Err(Error::LengthMismatch { .. })), "{err:?}");
         assert_eq!(var.size(), 0);
     }

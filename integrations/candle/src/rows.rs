@@ -59,7 +59,7 @@ pub(crate) fn zeroed(rows: usize, dim: usize) -> Result<Vec<f32>> {
 }
 
 /// The rows of `keys` as a tensor `[keys.len(), dim]` on `device`, read
-/// with [`EmbeddingStore::lookup`] (split over rayon's threads for large
+/// with [`EmbeddingStore::lookup`] (split over candle's threads for large
 /// batches: [`parallel::lookup`]): a missing key reads the initializer's
 /// row and nothing is inserted.
 pub fn read_rows<S: EmbeddingStore>(store: &S, keys: &[S::Key], device: &Device) -> Result<Tensor> {
@@ -70,7 +70,7 @@ pub fn read_rows<S: EmbeddingStore>(store: &S, keys: &[S::Key], device: &Device)
 }
 
 /// The rows of `keys` as a fresh variable `[keys.len(), dim]` on `device`,
-/// read with [`EmbeddingStore::lookup_or_insert`] (split over rayon's
+/// read with [`EmbeddingStore::lookup_or_insert`] (split over candle's
 /// threads for large batches: [`parallel::lookup_or_insert`]): a missing
 /// key is inserted with the initializer's row (the training read).
 pub fn train_rows<S: EmbeddingStore>(store: &S, keys: &[S::Key], device: &Device) -> Result<Var> {

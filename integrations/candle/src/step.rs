@@ -15,7 +15,7 @@
 //!    and applies it to each store once, with the keys and gradients of
 //!    every batch that read it concatenated ([`Step::apply`] sums repeated
 //!    keys, so two layers sharing a store train it as one gradient would;
-//!    a large batch is split over rayon's threads by
+//!    a large batch is split over candle's threads by
 //!    [`parallel::apply`], which sums them first);
 //! 4. drops the modules' batches it gathered (a batch recorded meanwhile,
 //!    by another thread's forward, stays for the next step).
