@@ -39,7 +39,7 @@
 //!   deduplicated ([`Dedup`]); the distinct rows are read with
 //!   `lookup_or_insert` into one variable `[n_unique, dim]`
 //!   ([`Recorder::read`]: one store call), clipped, gathered per entry
-//!   (`index_select`), multiplied per entry by `w_j / divisor` (weights
+//!   ([`gather_rows`]), multiplied per entry by `w_j / divisor` (weights
 //!   only) and added into their bags (`index_add` into `[bags, dim]`
 //!   zeros; skipped when every bag holds one entry); without weights, mean
 //!   and sqrtn then divide each bag by `n` or `sqrt(n)`. All are candle
@@ -121,6 +121,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use dynemb::EmbeddingStore;
 use dynemb_optim::Rule;
 
+use crate::gather::gather_rows;
 use crate::lookup::check_weights;
 use crate::max_norm::clip_tensor_rows;
 use crate::record::Recorder;
@@ -495,7 +496,7 @@ impl<K: IdKey> BagEntries<K> {
     fn pool(self, rows: &Tensor, inverse: Vec<u32>, bags: usize) -> Result<Tensor> {
         let (device, dim) = (rows.device(), rows.dim(1)?);
         let n = inverse.len();
-        let gathered = rows.index_select(&Tensor::from_vec(inverse, n, device)?, 0)?;
+        let gathered = gather_rows(rows, inverse, (n, dim))?;
         let weighted = match self.factors {
             Some(factors) => gathered.broadcast_mul(&Tensor::from_vec(factors, (n, 1), device)?)?,
             None => gathered,
