@@ -4,7 +4,7 @@
 //! candle-nn's `AdamW` for the head.
 //!
 //! A step runs one of two ways ([`Way`]):
-//! - [`Way::LayerApi`]: what a user writes: `Embedding::forward_train`, the
+//! - [`Way::LayerApi`]: what a user writes: `Embedding::forward_concat`, the
 //!   head, the loss, `SparseStep::backward_step` (backward, `AdamW`, sparse
 //!   step). Only the whole step is timed.
 //! - [`Way::Staged`]: the same calls taken apart at the crate's public
@@ -18,9 +18,9 @@
 //!   `lookup_or_insert` and the apply are split over candle's threads as
 //!   in the layer's calls: `dynemb_candle::parallel`).
 //!
-//! Ids enter the layer as a flat `[batch * FIELDS]` tensor (a view of the
-//! batch's ids, no copy), so the gathered rows are `[batch * FIELDS, DIM]`
-//! and one reshape makes them the head's `[batch, FIELDS * DIM]` input.
+//! Ids enter the layer as the batch's `[batch, FIELDS]` tensor (read in
+//! place), and `forward_concat` gathers the rows straight into the head's
+//! `[batch, FIELDS * DIM]` input (no reshape node in the graph).
 
 use std::sync::Arc;
 
@@ -94,9 +94,7 @@ impl DynembModel {
     /// The layer's calls; see [`Way::LayerApi`]. The laps mark the ends of
     /// the calls (the runner keeps only the whole step).
     fn step_layer_api(&mut self, batch: &Batch, laps: &mut Laps) -> Result<f32> {
-        let samples = batch.ids.dim(0)?;
-        let rows = self.embedding.forward_train(&batch.ids.flatten_all()?)?;
-        let x = rows.reshape((samples, FIELDS * DIM))?;
+        let x = self.embedding.forward_concat(&batch.ids, true)?;
         laps.lap(Stage::Gather);
         let logits = self.head.forward(&x)?;
         laps.lap(Stage::DenseForward);
@@ -112,16 +110,14 @@ impl DynembModel {
     /// the batch's ids, `[samples, FIELDS * DIM]`, recorded for the step.
     fn forward_staged(&mut self, batch: &Batch, laps: &mut Laps) -> Result<Tensor> {
         let samples = batch.ids.dim(0)?;
-        let ids = Ids::<i64>::from_tensor(&batch.ids.flatten_all()?)?;
+        let ids = Ids::<i64>::from_tensor(&batch.ids)?;
         laps.lap(Stage::IdsToKeys);
         let (keys, inverse) = self.dedup.unique(ids.keys())?.into_parts();
         laps.lap(Stage::Dedup);
         let recorder = self.embedding.recorder();
         let rows = recorder.read(&keys, &self.device)?;
         laps.lap(Stage::Lookup);
-        let positions = inverse.len();
-        let x = gather_rows(rows.as_tensor(), inverse, (positions, DIM))?
-            .reshape((samples, FIELDS * DIM))?;
+        let x = gather_rows(rows.as_tensor(), inverse, (samples, FIELDS * DIM))?;
         recorder.record(keys, rows)?;
         laps.lap(Stage::Gather);
         Ok(x)

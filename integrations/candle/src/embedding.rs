@@ -54,7 +54,7 @@ use crate::regularizer::Regularizer;
 use crate::rows::read_rows;
 use crate::step::{SparseGrads, SparseModule};
 use crate::unique::Dedup;
-use crate::{IdKey, Ids, Result};
+use crate::{Error, IdKey, Ids, Result};
 
 /// The settings of an [`Embedding`]. `Default`: on the CPU, no
 /// `max_norm`, no regularizer.
@@ -145,11 +145,40 @@ where
         self.forward_ids(&Ids::from_tensor(ids)?, false)
     }
 
+    /// The forward of ids `[batch, ..]` in an `i64`, `u32` or `i32` tensor
+    /// (`train` picks the mode) with each sample's rows side by side: an
+    /// `f32` tensor `[batch, (ids per sample) * dim]`, the input a dense
+    /// tower reads (rank-1 ids give `[batch, dim]`). The same values and
+    /// gradients as `forward(ids, train)?.flatten_from(1)`, without that
+    /// reshape's graph node, whose backward costs a zeroed gradient and an
+    /// add as large as the output.
+    pub fn forward_concat(&self, ids: &Tensor, train: bool) -> Result<Tensor> {
+        let ids = Ids::from_tensor(ids)?;
+        let shape = match ids.shape() {
+            [] => vec![self.dim()],
+            [batch, rest @ ..] => {
+                let width = rest
+                    .iter()
+                    .try_fold(self.dim(), |width, &n| width.checked_mul(n))
+                    .ok_or_else(|| {
+                        Error::invalid(format!("ids of shape {:?} overflow a row", ids.shape()))
+                    })?;
+                vec![*batch, width]
+            }
+        };
+        self.forward_shaped(&ids, train, shape)
+    }
+
     /// The forward of keys in a shape (`train` picks the mode): an `f32`
     /// tensor of shape `ids.shape() + [dim]`.
     pub fn forward_ids(&self, ids: &Ids<S::Key>, train: bool) -> Result<Tensor> {
+        self.forward_shaped(ids, train, ids.output_shape(self.dim()))
+    }
+
+    /// The forward of `ids`, its rows laid out in `shape` (of
+    /// `ids.len() * dim` elements).
+    fn forward_shaped(&self, ids: &Ids<S::Key>, train: bool, shape: Vec<usize>) -> Result<Tensor> {
         let device = &self.config.device;
-        let shape = ids.output_shape(self.dim());
         if ids.is_empty() {
             return Ok(Tensor::zeros(shape, DType::F32, device)?);
         }

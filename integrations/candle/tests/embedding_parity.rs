@@ -422,3 +422,49 @@ fn layers_can_be_shared_between_threads() {
     send_sync::<Embedding<Variable<i64>>>();
     send_sync::<SparseStep<ParamsAdam>>();
 }
+
+#[test]
+fn forward_concat_is_forward_flattened_in_values_and_training() -> TestResult {
+    for shape in [vec![6], vec![4, 3], vec![2, 3, 2]] {
+        let (flat_store, _) = table("flat", DIM)?;
+        let (concat_store, _) = table("concat", DIM)?;
+        let flat = Embedding::new(Arc::clone(&flat_store), EmbeddingConfig::default())?;
+        let concat = Embedding::new(Arc::clone(&concat_store), EmbeddingConfig::default())?;
+        let sgd = || SparseSgd::new(ParamsSgd { lr: 0.3 });
+        let (flat_step, concat_step) = (SparseStep::new(sgd()?), SparseStep::new(sgd()?));
+        let width = shape[1..].iter().product::<usize>() * DIM;
+        let weights: Vec<f32> = (0..shape[0] * width).map(|i| value(3, i)).collect();
+        let weights = Tensor::from_vec(weights, (shape[0], width), &Device::Cpu)?;
+        let mut unused = SGD::new(vec![], 0.1)?;
+        for step in 0..3 {
+            let ids = batch_ids(step, &shape)?;
+            let a = flat.forward(&ids, true)?.flatten_from(1)?;
+            let b = concat.forward_concat(&ids, true)?;
+            assert_eq!(b.dims(), [shape[0], width], "{shape:?}");
+            assert_eq!(
+                a.flatten_all()?.to_vec1::<f32>()?,
+                b.flatten_all()?.to_vec1::<f32>()?
+            );
+            let (la, lb) = ((a * &weights)?.sum_all()?, (b * &weights)?.sum_all()?);
+            assert_eq!(la.to_scalar::<f32>()?, lb.to_scalar::<f32>()?);
+            flat_step.backward_step(&la, &mut unused, &[&flat])?;
+            concat_step.backward_step(&lb, &mut unused, &[&concat])?;
+        }
+        let keys: Vec<i64> = (0..VOCAB as i64).collect();
+        assert_eq!(rows_of(&flat_store, &keys)?, rows_of(&concat_store, &keys)?);
+        let ids = batch_ids(9, &shape)?;
+        assert_eq!(
+            flat.forward(&ids, false)?
+                .flatten_from(1)?
+                .to_vec2::<f32>()?,
+            concat.forward_concat(&ids, false)?.to_vec2::<f32>()?
+        );
+    }
+    let (store, _) = table("scalar", DIM)?;
+    let emb = Embedding::new(store, EmbeddingConfig::default())?;
+    let scalar = Tensor::new(3_i64, &Device::Cpu)?;
+    assert_eq!(emb.forward_concat(&scalar, false)?.dims(), [DIM]);
+    let empty = Tensor::zeros((0, 5), DType::I64, &Device::Cpu)?;
+    assert_eq!(emb.forward_concat(&empty, true)?.dims(), [0, 5 * DIM]);
+    Ok(())
+}

@@ -21,7 +21,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError};
 
-use candle_core::{Device, Module, ModuleT, Tensor, Var};
+use candle_core::{Device, Module, Tensor, Var};
 use candle_nn::{Linear, VarBuilder, VarMap};
 use dynemb::{EmbeddingStore, Initializer, RestrictPolicy, Variable};
 use dynemb_candle::{Embedding, EmbeddingConfig};
@@ -91,9 +91,14 @@ impl<T: EmbeddingStore<Key = i64>> CtrModel<T> {
     /// records the rows for the optimizer step; an inference forward only
     /// reads (unseen ids read their initial rows).
     pub fn forward(&self, ids: &Tensor, train: bool) -> dynemb_candle::Result<Tensor> {
-        let batch = ids.dim(0)?;
-        let rows = self.embedding.forward_t(ids, train)?;
-        let mut x = rows.reshape((batch, self.fields * self.embedding.dim()))?;
+        if ids.rank() != 2 || ids.dim(1)? != self.fields {
+            return Err(dynemb_candle::Error::InvalidInput(format!(
+                "ids of shape {:?} for a model of {} fields",
+                ids.dims(),
+                self.fields
+            )));
+        }
+        let mut x = self.embedding.forward_concat(ids, train)?;
         for (i, layer) in self.layers.iter().enumerate() {
             x = layer.forward(&x)?;
             if i + 1 < self.layers.len() {
