@@ -17,13 +17,47 @@
 //! the next part), so any number of parts runs on any number of threads,
 //! with results in part order: the split is decided by [`count`] and the
 //! batch, never by which thread runs a part. A call from inside one of
-//! candle's workers runs its parts on that thread, in order.
+//! candle's workers, or from inside a part of another [`run`], runs its
+//! parts on its own thread, in order.
+//!
+//! One rule for the parts: they must not run candle CPU ops. The caller's
+//! thread holds candle's pool while the parts run, so a candle op in a
+//! part on that thread would wait for the pool forever. The parts here
+//! are store calls ([`dynemb::EmbeddingStore`]) and plain loops; a store
+//! whose methods run candle ops must not be used with large batches
+//! (at least two chunks of [`crate::parallel::MIN_KEYS_PER_CHUNK`] keys).
 //!
 //! [`barrier_pool`]: candle_core::utils::barrier_pool
 
+use std::cell::Cell;
 use std::sync::Mutex;
 
 use candle_core::utils::barrier_pool;
+
+thread_local! {
+    /// Whether this thread is running a part of a [`run`].
+    static IN_PART: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks this thread as running parts until dropped (also when a part
+/// panics), restoring the mark it had.
+struct InPart {
+    outer: bool,
+}
+
+impl InPart {
+    fn enter() -> InPart {
+        InPart {
+            outer: IN_PART.replace(true),
+        }
+    }
+}
+
+impl Drop for InPart {
+    fn drop(&mut self) {
+        IN_PART.set(self.outer);
+    }
+}
 
 /// How many threads run a split call: candle's CPU workers and the caller.
 pub fn count() -> usize {
@@ -33,11 +67,12 @@ pub fn count() -> usize {
 /// `task(part)` for every part in `0..parts`, run on candle's CPU threads
 /// (the caller's among them); the results in part order.
 pub fn run<T: Send>(parts: usize, task: impl Fn(usize) -> T + Sync) -> Vec<T> {
-    if parts <= 1 {
+    if parts <= 1 || IN_PART.get() {
         return (0..parts).map(task).collect();
     }
     let results: Vec<Mutex<Option<T>>> = (0..parts).map(|_| Mutex::new(None)).collect();
     barrier_pool().execute_chunked(parts, |range| {
+        let _in_part = InPart::enter();
         for part in range {
             let result = task(part);
             *results[part].lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
@@ -84,6 +119,14 @@ mod tests {
                 (0..parts).map(|p| p * 10).collect::<Vec<_>>()
             );
         }
+    }
+
+    #[test]
+    fn runs_nest() {
+        let sums = run(3, |outer| {
+            run(4, |inner| outer * 10 + inner).iter().sum::<usize>()
+        });
+        assert_eq!(sums, [6, 46, 86]);
     }
 
     #[test]
