@@ -58,6 +58,16 @@ pub trait EmbeddingStore: Send + Sync {
     /// optimizers refuse to step a store that is not.
     fn trainable(&self) -> bool;
 
+    /// Whether a call's time is CPU work on the calling thread (a table in
+    /// this process's memory, like [`Variable`]), so that a large batch
+    /// gains from being split over threads, as `dynemb-candle` splits it.
+    /// A store whose calls wait on I/O and spread a batch themselves (a
+    /// remote store) says `false`, and callers then make one call.
+    /// Default `true`.
+    fn cpu_bound(&self) -> bool {
+        true
+    }
+
     /// Copies the rows of `keys` into `out` (`keys.len() * dim` values); a
     /// missing key reads the initializer's row. Never inserts.
     fn lookup(&self, keys: &[Self::Key], out: &mut [f32]) -> Result<()>;

@@ -35,8 +35,9 @@ pub enum Stage {
     Dedup,
     /// `lookup_or_insert` of the distinct keys into a fresh `Var`.
     Lookup,
-    /// The rows copied to the ids' positions (dynemb: `gather_rows`; the
-    /// baseline: `candle_nn::Embedding::forward`'s `index_select`), reshaped to `[batch, fields * dim]`.
+    /// The rows copied to the ids' positions (dynemb: `gather_rows`, straight
+    /// into the head's input; the baseline: `candle_nn::Embedding::forward`'s
+    /// `index_select`, then a reshape), laid out to `[batch, fields * dim]`.
     Gather,
     /// The dense part's forward (linear head or MLP).
     DenseForward,

@@ -145,27 +145,31 @@ where
         self.forward_ids(&Ids::from_tensor(ids)?, false)
     }
 
-    /// The forward of ids `[batch, ..]` in an `i64`, `u32` or `i32` tensor
-    /// (`train` picks the mode) with each sample's rows side by side: an
-    /// `f32` tensor `[batch, (ids per sample) * dim]`, the input a dense
-    /// tower reads (rank-1 ids give `[batch, dim]`). The same values and
-    /// gradients as `forward(ids, train)?.flatten_from(1)`, without that
-    /// reshape's graph node, whose backward costs a zeroed gradient and an
-    /// add as large as the output.
+    /// The forward of ids `[batch, ..]` (rank 1 or more) in an `i64`, `u32`
+    /// or `i32` tensor (`train` picks the mode) with each sample's rows
+    /// side by side: an `f32` tensor `[batch, (ids per sample) * dim]`, the
+    /// input a dense tower reads (rank-1 ids give `[batch, dim]`). The same
+    /// values and gradients as `forward(ids, train)?.flatten_from(1)`,
+    /// without that reshape's graph node, whose backward costs a zeroed
+    /// gradient and an add as large as the output. Scalar ids are an
+    /// [`Error::InvalidInput`].
     pub fn forward_concat(&self, ids: &Tensor, train: bool) -> Result<Tensor> {
         let ids = Ids::from_tensor(ids)?;
-        let shape = match ids.shape() {
-            [] => vec![self.dim()],
-            [batch, rest @ ..] => {
-                let width = rest
-                    .iter()
-                    .try_fold(self.dim(), |width, &n| width.checked_mul(n))
-                    .ok_or_else(|| {
-                        Error::invalid(format!("ids of shape {:?} overflow a row", ids.shape()))
-                    })?;
-                vec![*batch, width]
-            }
+        let [batch, rest @ ..] = ids.shape() else {
+            return Err(Error::invalid(
+                "forward_concat needs ids of rank 1 or more, not a scalar",
+            ));
         };
+        let width = if rest.contains(&0) {
+            Some(0)
+        } else {
+            rest.iter()
+                .try_fold(self.dim(), |width, &n| width.checked_mul(n))
+        };
+        let width = width.ok_or_else(|| {
+            Error::invalid(format!("ids of shape {:?} overflow a row", ids.shape()))
+        })?;
+        let shape = vec![*batch, width];
         self.forward_shaped(&ids, train, shape)
     }
 

@@ -2,28 +2,39 @@
 //! positions, as one candle op with a backward made for it.
 //!
 //! candle's `index_select` gives the same forward, but on the CPU its
-//! backward is an `index_add` on one thread into a copy of a zeroed
-//! gradient, and a reshape of its output to the ids' shape adds a second
-//! node whose backward is a zeroed gradient and an add as large as the
-//! output. [`gather_rows`] makes the ids' shape in the op itself (no
-//! reshape node) and its backward sums each position's gradient row into
-//! its distinct row directly:
+//! backward is an `index_add` on one thread, and a reshape of its output
+//! to the ids' shape adds a second graph node whose backward is a zeroed
+//! gradient and an add as large as the output. [`gather_rows`] makes the
+//! output's shape in the op itself (no reshape node), and its backward
+//! sums each position's gradient row into its distinct row, split over
+//! threads; candle then adds that block into the rows' gradient as it
+//! does for any op:
 //!
-//! - **same bits as `index_select`**: the forward copies rows; the
-//!   backward adds each distinct row's gradient rows in position order,
-//!   starting from zero, the order `index_add` adds them in, so the
-//!   gradient is the same `f32`s (the parity tests against
-//!   `candle_nn::Embedding` hold to the bit for SGD);
-//! - **threads**: on a batch of at least [`MIN_VALUES_PER_CHUNK`] values
-//!   per thread, the forward's copy is split by positions and the
-//!   backward's sums by distinct rows (each thread scans the positions
-//!   and adds those of its own rows, still in position order) over
-//!   candle's CPU threads ([`crate::threads`]);
+//! - **`index_select`'s values**: the forward copies rows; the backward
+//!   adds each distinct row's gradient rows in position order, starting
+//!   from zero, the order `index_add` adds them in. When the gather is the
+//!   rows' only use in the loss (no regularizer on them, say), the
+//!   gradient is the same bits as `index_select`'s (the parity tests
+//!   against `candle_nn::Embedding` hold to the bit for SGD); when the rows
+//!   also get a gradient from elsewhere, the sum is added as one block, so
+//!   it can round differently from `index_add`'s position-by-position
+//!   adds into it (a last bit).
+//! - **threads**: when the output holds at least two chunks of
+//!   [`MIN_VALUES_PER_CHUNK`] values, the forward's copy is split by
+//!   positions over candle's CPU threads (`threads.rs`); the backward
+//!   splits the distinct rows into ranges holding about equal numbers of
+//!   positions (ids are numbered by first appearance, so frequent ids
+//!   crowd the first rows), each thread scanning the positions and adding
+//!   those of its own rows, still in position order;
 //! - **devices**: the op runs on the CPU; on another device
 //!   [`gather_rows`] is candle's `index_select` and `reshape`;
+//! - **first order**: the backward is computed outside the graph, so
+//!   there is no second-order gradient through it (candle's default; with
+//!   `CANDLE_GRAD_DO_NOT_DETACH` set, `index_select` would have one);
 //! - **checked**: a position naming no row, rows that are not a matrix of
-//!   `f32` or a shape that is not the positions' rows is an error, not a
-//!   panic.
+//!   `f32`, or a shape whose element count overflows or is not the
+//!   positions' rows is an error, not a panic; rows of no values give an
+//!   empty output.
 
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
 
@@ -34,12 +45,11 @@ use crate::{threads, Error, Result};
 /// on the caller's thread alone.
 pub const MIN_VALUES_PER_CHUNK: usize = 1 << 16;
 
-/// Items per chunk when `items` items of `width` values each are split
-/// over `threads` threads, or `None` to stay on one thread.
-fn chunk_len(items: usize, width: usize, threads: usize) -> Option<usize> {
+/// How many parts `items` items of `width` values each are split into
+/// for `threads` threads (1: no split).
+fn parts_for(items: usize, width: usize, threads: usize) -> usize {
     let values = items.saturating_mul(width);
-    let chunks = threads.min(values / MIN_VALUES_PER_CHUNK);
-    (chunks >= 2).then(|| items.div_ceil(chunks))
+    threads.min(values / MIN_VALUES_PER_CHUNK).max(1)
 }
 
 /// Rows `[n, dim]` gathered to `positions`: position `p` of the output
@@ -54,8 +64,11 @@ pub fn gather_rows(rows: &Tensor, positions: Vec<u32>, shape: impl Into<Shape>) 
             rows.dims()
         ))
     })?;
-    let expected = positions.len().checked_mul(dim);
-    if expected != Some(shape.elem_count()) {
+    let elements = shape
+        .dims()
+        .iter()
+        .try_fold(1_usize, |count, &d| count.checked_mul(d));
+    if elements.is_none() || positions.len().checked_mul(dim) != elements {
         return Err(Error::invalid(format!(
             "{} positions of {dim} values do not fill shape {shape:?}",
             positions.len()
@@ -131,20 +144,24 @@ fn candle_error(e: Error) -> candle_core::Error {
 /// split for `threads` threads.
 fn gather(rows: &[f32], positions: &[u32], dim: usize, threads: usize) -> Result<Vec<f32>> {
     let mut out = zeroed(positions.len(), dim)?;
+    if dim == 0 {
+        return Ok(out);
+    }
     let copy = |positions: &[u32], out: &mut [f32]| {
         for (&row, out) in positions.iter().zip(out.chunks_exact_mut(dim)) {
             let at = row as usize * dim;
             out.copy_from_slice(&rows[at..at + dim]);
         }
     };
-    match chunk_len(positions.len(), dim, threads) {
-        Some(chunk) => {
-            threads::run_chunks_mut(&mut out, chunk * dim, |part, out| {
-                let first = part * chunk;
-                copy(&positions[first..(first + chunk).min(positions.len())], out)
-            });
-        }
-        None => copy(positions, &mut out),
+    let parts = parts_for(positions.len(), dim, threads);
+    if parts == 1 {
+        copy(positions, &mut out);
+    } else {
+        let chunk = positions.len().div_ceil(parts);
+        threads::run_chunks_mut(&mut out, chunk * dim, |part, out| {
+            let first = part * chunk;
+            copy(&positions[first..(first + chunk).min(positions.len())], out)
+        });
     }
     Ok(out)
 }
@@ -159,7 +176,7 @@ fn scatter_add(
     dim: usize,
     threads: usize,
 ) -> Result<Vec<f32>> {
-    if grad.len() != positions.len() * dim {
+    if positions.len().checked_mul(dim) != Some(grad.len()) {
         return Err(Error::invalid(format!(
             "a gradient of {} values for {} positions of {dim}",
             grad.len(),
@@ -167,6 +184,9 @@ fn scatter_add(
         )));
     }
     let mut sums = zeroed(rows, dim)?;
+    if dim == 0 {
+        return Ok(sums);
+    }
     // Adds the positions' gradient rows that fall in `first..` of `sums`.
     let add = |first: usize, sums: &mut [f32]| {
         let end = first + sums.len() / dim;
@@ -180,13 +200,48 @@ fn scatter_add(
             }
         }
     };
-    match chunk_len(rows, dim, threads).filter(|_| positions.len() >= rows) {
-        Some(chunk) => {
-            threads::run_chunks_mut(&mut sums, chunk * dim, |part, sums| add(part * chunk, sums));
-        }
-        None => add(0, &mut sums),
+    let parts = parts_for(positions.len(), dim, threads);
+    if parts == 1 {
+        add(0, &mut sums);
+        return Ok(sums);
     }
+    let bounds = balanced_bounds(positions, rows, parts)?;
+    let mut ranges = Vec::with_capacity(parts);
+    let mut rest = sums.as_mut_slice();
+    for pair in bounds.windows(2) {
+        let (range, tail) = rest.split_at_mut((pair[1] - pair[0]) * dim);
+        ranges.push(range);
+        rest = tail;
+    }
+    threads::run_each(ranges, |part, sums| add(bounds[part], sums));
     Ok(sums)
+}
+
+/// `parts + 1` row bounds `0 = b0 <= b1 <= .. <= b_parts = rows` cutting
+/// the rows into ranges that `positions` name about equally often.
+fn balanced_bounds(positions: &[u32], rows: usize, parts: usize) -> Result<Vec<usize>> {
+    let mut counts = zeroed_counts(rows)?;
+    for &row in positions {
+        counts[row as usize] += 1;
+    }
+    let mut bounds = Vec::with_capacity(parts + 1);
+    bounds.push(0);
+    let (mut row, mut seen) = (0, 0);
+    for part in 1..parts {
+        let target = positions.len() * part / parts;
+        while row < rows && seen < target {
+            seen += counts[row];
+            row += 1;
+        }
+        bounds.push(row);
+    }
+    bounds.push(rows);
+    Ok(bounds)
+}
+
+/// `rows` zero counts, or an error if they cannot be allocated.
+fn zeroed_counts(rows: usize) -> Result<Vec<usize>> {
+    crate::rows::filled(rows, 0, "position counts")
 }
 
 #[cfg(test)]
@@ -250,7 +305,7 @@ mod tests {
         let one = gather(&values, &positions, dim, 1).unwrap();
         let sums = scatter_add(&grad, &positions, rows, dim, 1).unwrap();
         for threads in [2, 3, 5] {
-            assert!(chunk_len(positions.len(), dim, threads).is_some(), "split");
+            assert_eq!(parts_for(positions.len(), dim, threads), threads, "split");
             assert_eq!(gather(&values, &positions, dim, threads).unwrap(), one);
             let split = scatter_add(&grad, &positions, rows, dim, threads).unwrap();
             assert_eq!(bits(&split), bits(&sums), "{threads} threads");
@@ -274,5 +329,34 @@ mod tests {
         let ints = Tensor::zeros((3, 2), DType::U32, &Device::Cpu).unwrap();
         assert!(gather_rows(&ints, vec![0], (1, 2)).is_err(), "not f32");
         assert_eq!(gather_rows(&rows, vec![], (0, 2)).unwrap().dims(), [0, 2]);
+        assert!(
+            gather_rows(&rows, vec![], (1_usize << 63, 2)).is_err(),
+            "element count overflows"
+        );
+        let no_values = Var::zeros((3, 0), DType::F32, &Device::Cpu).unwrap();
+        let out = gather_rows(no_values.as_tensor(), vec![0, 2], (2, 0)).unwrap();
+        assert_eq!(out.dims(), [2, 0]);
+        let grads = out.sum_all().unwrap().backward().unwrap();
+        assert_eq!(grads.get(no_values.as_tensor()).unwrap().dims(), [3, 0]);
+        assert_eq!(
+            gather_rows(no_values.as_tensor(), vec![], (0, 0))
+                .unwrap()
+                .dims(),
+            [0, 0]
+        );
+    }
+
+    #[test]
+    fn bounds_balance_positions_over_skewed_rows() {
+        // Row 0 is named 900 times, rows 1..=100 once each.
+        let mut positions = vec![0_u32; 900];
+        positions.extend(1..=100);
+        assert_eq!(balanced_bounds(&positions, 101, 2).unwrap(), [0, 1, 101]);
+        let even: Vec<u32> = (0..100).collect();
+        assert_eq!(
+            balanced_bounds(&even, 100, 4).unwrap(),
+            [0, 25, 50, 75, 100]
+        );
+        assert_eq!(balanced_bounds(&[], 7, 3).unwrap(), [0, 0, 0, 7]);
     }
 }

@@ -24,9 +24,10 @@
 //!   as one optimizer step over every table the model read (layers sharing
 //!   a table train it with their summed gradient), beside candle-nn's
 //!   dense optimizer ([`SparseStep::backward_step`]).
-//! - **Threads** ([`parallel`], [`threads`]): a large batch's store reads,
+//! - **Threads** ([`parallel`], [`gather`]): a large batch's store reads,
 //!   its gather and its optimizer update are split over candle's own CPU
-//!   threads, with the same results as one call.
+//!   threads, with the same results as one call (store calls only for
+//!   stores in this process's memory: [`dynemb::EmbeddingStore::cpu_bound`]).
 //!
 //! The layers are generic over [`dynemb::EmbeddingStore`], so they train a
 //! local `Variable` and any other store alike. Every function checks its
@@ -64,7 +65,7 @@ pub mod record;
 pub mod regularizer;
 pub mod rows;
 pub mod step;
-pub mod threads;
+mod threads;
 pub mod unique;
 
 pub use embedding::{Embedding, EmbeddingConfig};

@@ -4,10 +4,17 @@
 //! alone, so during the two largest (reading a batch's distinct rows with
 //! `lookup_or_insert`, and the optimizer's update of them) the other cores
 //! would idle. Here a batch of at least [`MIN_KEYS_PER_CHUNK`] keys per
-//! thread is cut into one chunk per thread of candle's CPU pool
-//! ([`crate::threads`]) and each chunk is one store call on its own
-//! thread; smaller batches, or a pool of one thread, stay one call on the
-//! caller's thread.
+//! thread is cut into one chunk per thread of candle's own CPU pool (the
+//! threads its kernels run on, see `threads.rs`: a second pool would fight
+//! candle's spinning workers for the cores) and each chunk is one store
+//! call on its own thread; smaller batches, a pool of one thread, or a
+//! store whose calls are not CPU work
+//! ([`EmbeddingStore::cpu_bound`]: a remote store, which spreads a batch
+//! itself) stay one call on the caller's thread.
+//!
+//! While the chunks run, the caller holds candle's pool: a store's
+//! methods must not run candle ops (or wait on a thread that does) unless
+//! its `cpu_bound` is false, or they would wait for the pool forever.
 //!
 //! Invariants that keep a split call equal to one call:
 //! - reads ([`lookup`], [`lookup_or_insert`]) write disjoint parts of the
@@ -49,6 +56,15 @@ pub const MIN_KEYS_PER_CHUNK: usize = 4096;
 fn chunk_len(keys: usize, threads: usize) -> Option<usize> {
     let chunks = threads.min(keys / MIN_KEYS_PER_CHUNK);
     (chunks >= 2).then(|| keys.div_ceil(chunks))
+}
+
+/// [`chunk_len`] for a call on `store`: `None` for a store whose calls
+/// are not CPU work.
+fn store_chunk_len<S: EmbeddingStore>(store: &S, keys: usize, threads: usize) -> Option<usize> {
+    store
+        .cpu_bound()
+        .then(|| chunk_len(keys, threads))
+        .flatten()
 }
 
 /// An error unless `len` values are `rows` rows of `dim`.
@@ -102,7 +118,7 @@ fn lookup_over<S: EmbeddingStore>(
     threads: usize,
 ) -> dynemb::Result<()> {
     let dim = store.dim();
-    match chunk_len(keys.len(), threads) {
+    match store_chunk_len(store, keys.len(), threads) {
         Some(chunk) if dim > 0 => {
             check_len("out", out.len(), keys.len(), dim)?;
             split_rows(keys, out, dim, chunk, |keys, out| store.lookup(keys, out))
@@ -130,7 +146,7 @@ fn lookup_or_insert_over<S: EmbeddingStore>(
     threads: usize,
 ) -> dynemb::Result<()> {
     let dim = store.dim();
-    match chunk_len(keys.len(), threads) {
+    match store_chunk_len(store, keys.len(), threads) {
         Some(chunk) if dim > 0 => {
             check_len("out", out.len(), keys.len(), dim)?;
             split_rows(keys, out, dim, chunk, |keys, out| {
@@ -163,7 +179,7 @@ fn apply_over<S: EmbeddingStore, R: Rule>(
     threads: usize,
 ) -> dynemb::Result<()> {
     let dim = store.dim();
-    if dim == 0 || chunk_len(keys.len(), threads).is_none() {
+    if dim == 0 || store_chunk_len(store, keys.len(), threads).is_none() {
         return step.apply(store, keys, grads);
     }
     check_step(step.params(), store, keys, grads)?;
@@ -218,6 +234,93 @@ mod tests {
             chunk_len(2 * MIN_KEYS_PER_CHUNK + 1, 3),
             Some(MIN_KEYS_PER_CHUNK + 1)
         );
+    }
+
+    /// A local variable that says its calls are not CPU work, counting
+    /// the calls it gets.
+    struct Remote {
+        var: Variable<i64>,
+        calls: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Remote {
+        fn count(&self) {
+            self.calls
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    impl EmbeddingStore for Remote {
+        type Key = i64;
+        fn name(&self) -> &str {
+            self.var.name()
+        }
+        fn store_id(&self) -> u64 {
+            EmbeddingStore::store_id(&self.var)
+        }
+        fn dim(&self) -> usize {
+            self.var.dim()
+        }
+        fn trainable(&self) -> bool {
+            true
+        }
+        fn cpu_bound(&self) -> bool {
+            false
+        }
+        fn lookup(&self, keys: &[i64], out: &mut [f32]) -> dynemb::Result<()> {
+            self.count();
+            self.var.lookup(keys, out)
+        }
+        fn lookup_or_insert(&self, keys: &[i64], out: &mut [f32]) -> dynemb::Result<()> {
+            self.count();
+            self.var.lookup_or_insert(keys, out)
+        }
+        fn create_slot(&self, name: &str, initial: f32) -> dynemb::Result<dynemb::SlotId> {
+            self.var.create_slot(name, initial)
+        }
+        fn slot_id(&self, name: &str) -> dynemb::Result<dynemb::SlotId> {
+            self.var.slot_id(name)
+        }
+        fn slot_initial(&self, slot: dynemb::SlotId) -> dynemb::Result<f32> {
+            self.var.slot_initial(slot)
+        }
+        fn lookup_slot(
+            &self,
+            slot: dynemb::SlotId,
+            keys: &[i64],
+            out: &mut [f32],
+        ) -> dynemb::Result<()> {
+            self.var.lookup_slot(slot, keys, out)
+        }
+        fn update_rows<F>(
+            &self,
+            keys: &[i64],
+            slots: &[dynemb::SlotId],
+            update: F,
+        ) -> dynemb::Result<()>
+        where
+            F: FnMut(usize, &mut [f32], &mut [f32]),
+        {
+            self.count();
+            self.var.update_rows(keys, slots, update)
+        }
+    }
+
+    #[test]
+    fn stores_that_are_not_cpu_bound_get_one_call() {
+        let remote = Remote {
+            var: table("remote"),
+            calls: Default::default(),
+        };
+        let keys: Vec<i64> = (0..20_000).collect();
+        let mut out = vec![0.0; keys.len() * 4];
+        lookup_over(&remote, &keys, &mut out, 3).unwrap();
+        lookup_or_insert_over(&remote, &keys, &mut out, 3).unwrap();
+        let opt = SparseSgd::new(ParamsSgd { lr: 0.1 }).unwrap();
+        let step = opt.begin_step().unwrap();
+        apply_over(&step, &remote, &keys, &out, 3).unwrap();
+        assert_eq!(remote.calls.load(std::sync::atomic::Ordering::Relaxed), 3);
+        assert_eq!(remote.var.size(), keys.len());
     }
 
     #[test]

@@ -3,8 +3,8 @@
 //!
 //! candle-core 0.11 runs its CPU kernels (element-wise ops, reductions,
 //! copies) on a pool of its own, [`barrier_pool`]: `CANDLE_NUM_THREADS`
-//! (else `RAYON_NUM_THREADS`, else the cores) minus one workers and the
-//! calling thread. After each op its workers spin for a while before they
+//! (else `RAYON_NUM_THREADS`, else the physical cores or
+//! `CANDLE_CPU_MASK`'s) minus one workers and the calling thread. After each op its workers spin for a while before they
 //! sleep, waiting for the next one. Work handed to a second pool (rayon's
 //! global pool, which this crate used before) then fights those spinning
 //! workers for the same cores: on the 2-core development VM the split
@@ -20,17 +20,23 @@
 //! candle's workers, or from inside a part of another [`run`], runs its
 //! parts on its own thread, in order.
 //!
-//! One rule for the parts: they must not run candle CPU ops. The caller's
-//! thread holds candle's pool while the parts run, so a candle op in a
-//! part on that thread would wait for the pool forever. The parts here
-//! are store calls ([`dynemb::EmbeddingStore`]) and plain loops; a store
-//! whose methods run candle ops must not be used with large batches
-//! (at least two chunks of [`crate::parallel::MIN_KEYS_PER_CHUNK`] keys).
+//! One rule for the parts: they must not run candle CPU ops, nor wait on
+//! a thread that does. The caller's thread holds candle's pool (a lock
+//! every candle op of 64K values or more takes) while the parts run, so
+//! such an op would wait for the pool forever; and every other thread's
+//! large candle ops wait while parts run. The parts here are CPU-bound
+//! store calls (stores whose [`dynemb::EmbeddingStore::cpu_bound`] is
+//! true: a remote store is never split) and plain loops. A store whose
+//! methods run candle ops must say `cpu_bound() == false`. With one
+//! thread (`CANDLE_NUM_THREADS=1`) candle takes no lock and parts run in
+//! turn on the caller's thread.
 //!
 //! [`barrier_pool`]: candle_core::utils::barrier_pool
 
+use std::any::Any;
 use std::cell::Cell;
-use std::sync::Mutex;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use candle_core::utils::barrier_pool;
 
@@ -60,50 +66,75 @@ impl Drop for InPart {
 }
 
 /// How many threads run a split call: candle's CPU workers and the caller.
-pub fn count() -> usize {
+pub(crate) fn count() -> usize {
     barrier_pool().n_workers() + 1
 }
 
 /// `task(part)` for every part in `0..parts`, run on candle's CPU threads
-/// (the caller's among them); the results in part order.
-pub fn run<T: Send>(parts: usize, task: impl Fn(usize) -> T + Sync) -> Vec<T> {
+/// (the caller's among them); the results in part order. A part that
+/// panics stops the parts not yet started, and the panic goes on in the
+/// caller once candle's pool is released (candle's pool holds a lock
+/// while parts run, which a panic inside would poison for every later
+/// candle op).
+pub(crate) fn run<T: Send>(parts: usize, task: impl Fn(usize) -> T + Sync) -> Vec<T> {
     if parts <= 1 || IN_PART.get() {
         return (0..parts).map(task).collect();
     }
     let results: Vec<Mutex<Option<T>>> = (0..parts).map(|_| Mutex::new(None)).collect();
+    let panicked: Mutex<Option<Box<dyn Any + Send>>> = Mutex::new(None);
     barrier_pool().execute_chunked(parts, |range| {
         let _in_part = InPart::enter();
         for part in range {
-            let result = task(part);
-            *results[part].lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
+            if lock(&panicked).is_some() {
+                return;
+            }
+            match catch_unwind(AssertUnwindSafe(|| task(part))) {
+                Ok(result) => *lock(&results[part]) = Some(result),
+                Err(payload) => {
+                    lock(&panicked).get_or_insert(payload);
+                    return;
+                }
+            }
         }
     });
+    if let Some(payload) = lock(&panicked).take() {
+        resume_unwind(payload);
+    }
     results
         .into_iter()
         .map(|slot| {
             slot.into_inner()
-                .unwrap_or_else(|e| e.into_inner())
+                .unwrap_or_else(PoisonError::into_inner)
                 .expect("execute_chunked runs every part before it returns")
         })
         .collect()
 }
 
+/// The mutex's value, also after a panic elsewhere (the values here are
+/// written whole, so a poisoned one is still consistent).
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 /// `task(part, chunk)` for the consecutive chunks of `values` of
 /// `chunk_len` values each (the last one shorter), split as [`run`]
 /// splits; the results in chunk order.
-pub fn run_chunks_mut<V: Send, T: Send>(
+pub(crate) fn run_chunks_mut<V: Send, T: Send>(
     values: &mut [V],
     chunk_len: usize,
     task: impl Fn(usize, &mut [V]) -> T + Sync,
 ) -> Vec<T> {
-    let chunks: Vec<Mutex<&mut [V]>> = values
-        .chunks_mut(chunk_len.max(1))
-        .map(Mutex::new)
-        .collect();
-    run(chunks.len(), |part| {
-        let mut chunk = chunks[part].lock().unwrap_or_else(|e| e.into_inner());
-        task(part, &mut chunk)
-    })
+    run_each(values.chunks_mut(chunk_len.max(1)).collect(), task)
+}
+
+/// `task(part, values)` for each of the disjoint `parts`, split as
+/// [`run`] splits; the results in part order.
+pub(crate) fn run_each<V: Send, T: Send>(
+    parts: Vec<&mut [V]>,
+    task: impl Fn(usize, &mut [V]) -> T + Sync,
+) -> Vec<T> {
+    let parts: Vec<Mutex<&mut [V]>> = parts.into_iter().map(Mutex::new).collect();
+    run(parts.len(), |part| task(part, &mut lock(&parts[part])))
 }
 
 #[cfg(test)]
@@ -119,6 +150,26 @@ mod tests {
                 (0..parts).map(|p| p * 10).collect::<Vec<_>>()
             );
         }
+    }
+
+    #[test]
+    fn a_panicking_part_panics_the_caller_and_leaves_candle_working() {
+        let panicked = catch_unwind(|| run(16, |p| if p == 3 { panic!("part 3") } else { p }));
+        assert!(panicked.is_err());
+        // candle's pool (a large element-wise op splits over it) and this
+        // module's runs still work.
+        let ones =
+            candle_core::Tensor::ones(200_000, candle_core::DType::F32, &candle_core::Device::Cpu)
+                .unwrap();
+        let twos = (&ones + &ones)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert_eq!(twos, 400_000.0);
+        assert_eq!(run(16, |p| p).len(), 16);
+        assert!(!IN_PART.get());
     }
 
     #[test]
