@@ -11,6 +11,30 @@
 //! (random per call, see [`crate::layout::new_version`]), so a row read
 //! with version `v` and still at `v` has not been written since.
 //!
+//! # Every bucket write runs at most once
+//!
+//! A write whose reply was lost (a timeout, a broken connection) is sent
+//! again by [`crate::cluster`], so each bucket write must be safe to run
+//! twice. Each one is a [`recorded`] script: `KEYS[2]` is a record key of
+//! its own, `<bucket key>:w:<write id>` (the same hash tag, so the same
+//! cluster node), named by a random id the client draws per call
+//! ([`crate::layout::new_version`]), and `ARGV[1]` is the record's TTL in
+//! milliseconds. The script's first run stores its reply there (`SET ..
+//! PX`, as MessagePack); a run that finds the record returns the recorded
+//! reply and changes nothing. So a resent command is applied once and its
+//! caller gets the first run's answer, whichever run's reply arrives. The
+//! TTL bounds how far apart the two runs may be: the client resends only
+//! within a batch's deadline (twice the command timeout), and the TTL is
+//! twice that again ([`crate::config::RedisConfig::record_ttl`]); a resend
+//! that ran after the record expired would be applied again, which the
+//! client never does. The records cost one small key per bucket write for
+//! the TTL; they expire on their own (also after `clear` or `destroy`).
+//!
+//! `update_rows`' write-back ([`WRITE_IF_UNCHANGED`]) also recognises its
+//! own write without the record: each row it carries holds a new random
+//! version, so a stored row whose version is the carried row's is this
+//! write, already applied (not a conflict).
+//!
 //! Scores follow the variable's restrict policy, passed as a mode: `n` (no
 //! policy: the score stays 0), `f` (frequency: +1 per write, an insert
 //! counting as the first) or `t` (timestamp: the client's stamp for the
@@ -50,8 +74,8 @@ impl Lua {
 
 /// Shared helpers of the bucket scripts: the bucket's rows read with one
 /// `HMGET` and written with one `HSET` per call (in chunks that fit Lua's
-/// stack), so a call costs a few commands however many rows it carries;
-/// the score of a written row; `f32` row unpacking.
+/// stack) and removed with one `HDEL` per chunk, so a call costs a few
+/// commands however many rows it carries.
 const BUCKET: &str = r#"
 local CHUNK = 1000
 -- The rows of fields (false for an absent one), in order.
@@ -74,12 +98,41 @@ local function hset(order, rows)
     redis.call('HSET', KEYS[1], unpack(args))
   end
 end
+-- Removes fields; returns how many were there.
+local function hdel(fields)
+  local removed = 0
+  for i = 1, #fields, CHUNK do
+    removed = removed + redis.call('HDEL', KEYS[1], unpack(fields, i, math.min(i + CHUNK - 1, #fields)))
+  end
+  return removed
+end
 "#;
 
+/// A bucket write that runs at most once (see the module docs): `body`
+/// (Lua statements ending in `return reply`) runs unless `KEYS[2]`
+/// records an earlier run, whose reply is returned instead; otherwise its
+/// reply is recorded in `KEYS[2]` for `ARGV[1]` milliseconds. The body's
+/// own arguments start at `ARGV[2]`.
+fn recorded(prelude: &str, body: &str) -> String {
+    format!(
+        r#"
+local recorded = redis.call('GET', KEYS[2])
+if recorded then return cmsgpack.unpack(recorded) end
+{prelude}
+local function body()
+{body}
+end
+local reply = body()
+redis.call('SET', KEYS[2], cmsgpack.pack(reply), 'PX', ARGV[1])
+return reply
+"#
+    )
+}
+
 /// The prelude of the scripts that score their writes:
-/// `ARGV[1..3] = [mode, stamp, version]`.
+/// `ARGV[2..4] = [mode, stamp, version]`.
 const SCORED: &str = r#"
-local MODE, STAMP, VERSION = ARGV[1], ARGV[2], ARGV[3]
+local MODE, STAMP, VERSION = ARGV[2], ARGV[3], ARGV[4]
 -- A sum at or beyond this magnitude rounds to infinity as an f32
 -- (2^128 - 2^103, half an ulp above f32::MAX, ties to even).
 local LIMIT = 2^128 - 2^103
@@ -132,16 +185,18 @@ local function pack(t, n)
 end
 "#;
 
-/// `lookup_or_insert`'s insert: `ARGV = [mode, stamp, version, field,
-/// body, field, body, ...]` (distinct fields); a field that is absent gets
-/// the row `version .. score .. body`. Returns, per field, `false`
-/// (inserted) or the row already there.
+/// `lookup_or_insert`'s insert, [`recorded`]: `ARGV[2..] = [mode, stamp,
+/// version, field, body, field, body, ...]` (distinct fields); a field
+/// that is absent gets the row `version .. score .. body`. Returns, per
+/// field, `false` (inserted) or the row already there.
 pub(crate) static INSERT_ABSENT: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
-        "{BUCKET}{SCORED}{}",
-        r#"
+        "{BUCKET}{}",
+        recorded(
+            SCORED,
+            r#"
 local fields = {}
-for i = 4, #ARGV, 2 do fields[#fields + 1] = ARGV[i] end
+for i = 5, #ARGV, 2 do fields[#fields + 1] = ARGV[i] end
 local got = hmget(fields)
 local out, order, rows = {}, {}, {}
 for n = 1, #fields do
@@ -150,24 +205,28 @@ for n = 1, #fields do
   else
     out[n] = false
     order[#order + 1] = fields[n]
-    rows[fields[n]] = VERSION .. next_score(false) .. ARGV[3 + 2 * n]
+    rows[fields[n]] = VERSION .. next_score(false) .. ARGV[4 + 2 * n]
   end
 end
 hset(order, rows)
 return out
 "#
+        )
     ))
 });
 
-/// `upsert`: `ARGV = [mode, stamp, version, field, values, ...]`, in batch
-/// order (the last of a repeated field wins; each occurrence scores). A
-/// present row keeps its slot columns. Returns the number of rows written.
+/// `upsert`, [`recorded`]: `ARGV[2..] = [mode, stamp, version, field,
+/// values, ...]`, in batch order (the last of a repeated field wins; each
+/// occurrence scores). A present row keeps its slot columns. Returns the
+/// number of rows written.
 pub(crate) static UPSERT: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
-        "{BUCKET}{SCORED}{}",
-        r#"
+        "{BUCKET}{}",
+        recorded(
+            SCORED,
+            r#"
 local fields = {}
-for i = 4, #ARGV, 2 do fields[#fields + 1] = ARGV[i] end
+for i = 5, #ARGV, 2 do fields[#fields + 1] = ARGV[i] end
 local got = hmget(fields)
 local rows, order = {}, {}
 for n = 1, #fields do
@@ -177,7 +236,7 @@ for n = 1, #fields do
     order[#order + 1] = f
   end
   local cur = rows[f]
-  local values = ARGV[3 + 2 * n]
+  local values = ARGV[4 + 2 * n]
   local tail = ''
   if cur then tail = string.sub(cur, 17 + #values) end
   rows[f] = VERSION .. next_score(cur) .. values .. tail
@@ -185,31 +244,34 @@ end
 hset(order, rows)
 return #fields
 "#
+        )
     ))
 });
 
-/// bp_v2 `accum`: `ARGV = [mode, stamp, version, dim, field, exists,
-/// deltas, ...]` (`exists` is `"1"` or `"0"`), in batch order, each
-/// occurrence decided on the row as the occurrences before it left it (as
-/// `Variable::accum` does): present and `exists` adds the deltas; absent
-/// and not `exists` inserts the deltas as the row; a row this call
-/// inserted takes every later occurrence's deltas, whatever its `exists`;
-/// otherwise nothing. Returns the refused rows as `[position, sign]` pairs
-/// (`position` 0-based among the call's rows, `sign` `1` or `-1` of the
-/// sum that overflowed).
+/// bp_v2 `accum`, [`recorded`]: `ARGV[2..] = [mode, stamp, version, dim,
+/// field, exists, deltas, ...]` (`exists` is `"1"` or `"0"`), in batch
+/// order, each occurrence decided on the row as the occurrences before it
+/// left it (as `Variable::accum` does): present and `exists` adds the
+/// deltas; absent and not `exists` inserts the deltas as the row; a row
+/// this call inserted takes every later occurrence's deltas, whatever its
+/// `exists`; otherwise nothing. Returns the refused rows as `[position,
+/// sign]` pairs (`position` 0-based among the call's rows, `sign` `1` or
+/// `-1` of the sum that overflowed).
 pub(crate) static ACCUM: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
-        "{BUCKET}{SCORED}{}",
-        r#"
-local dim = tonumber(ARGV[4])
+        "{BUCKET}{}",
+        recorded(
+            SCORED,
+            r#"
+local dim = tonumber(ARGV[5])
 local fields = {}
-for i = 5, #ARGV, 3 do fields[#fields + 1] = ARGV[i] end
+for i = 6, #ARGV, 3 do fields[#fields + 1] = ARGV[i] end
 local got = hmget(fields)
 local rows, seen, inserted, dirty, order = {}, {}, {}, {}, {}
 local refused = {}
 for n = 1, #fields do
   local f = fields[n]
-  local exists, deltas = ARGV[3 + 3 * n] == '1', ARGV[4 + 3 * n]
+  local exists, deltas = ARGV[4 + 3 * n] == '1', ARGV[5 + 3 * n]
   if not seen[f] then
     seen[f] = true
     rows[f] = got[n]
@@ -249,59 +311,90 @@ end
 hset(order, rows)
 return refused
 "#
+        )
     ))
 });
 
-/// `update_rows`' write-back: `ARGV = [field, expected, row, ...]`
-/// (distinct fields); a row is written only if its version is still
-/// `expected` (or, for `expected = ""`, if it is still absent). Returns the
-/// 0-based positions of the rows that changed meanwhile (not written).
+/// `update_rows`' write-back, [`recorded`]: `ARGV[2..] = [field,
+/// expected, row, ...]` (distinct fields); a row is written only if its
+/// version is still `expected` (or, for `expected = ""`, if it is still
+/// absent). A stored row whose version is the new row's is this very
+/// write, already applied: not a conflict. Returns the 0-based positions
+/// of the rows that changed meanwhile (not written).
 pub(crate) static WRITE_IF_UNCHANGED: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         "{BUCKET}{}",
-        r#"
+        recorded(
+            "",
+            r#"
 local fields = {}
-for i = 1, #ARGV, 3 do fields[#fields + 1] = ARGV[i] end
+for i = 2, #ARGV, 3 do fields[#fields + 1] = ARGV[i] end
 local got = hmget(fields)
 local conflicts, order, rows = {}, {}, {}
 for n = 1, #fields do
-  local expected = ARGV[3 * n - 1]
+  local expected, row = ARGV[3 * n], ARGV[3 * n + 1]
   local cur = got[n]
+  local version = cur and string.sub(cur, 1, 8)
   local same
-  if expected == '' then same = (cur == false) else same = cur and string.sub(cur, 1, 8) == expected end
+  if expected == '' then same = (cur == false) else same = version == expected end
   if same then
     order[#order + 1] = fields[n]
-    rows[fields[n]] = ARGV[3 * n]
-  else
+    rows[fields[n]] = row
+  elseif version ~= string.sub(row, 1, 8) then
     conflicts[#conflicts + 1] = n - 1
   end
 end
 hset(order, rows)
 return conflicts
 "#
+        )
     ))
 });
 
-/// `restrict`'s removal: `ARGV = [field, version, ...]`; removes a row
-/// only if its version is still the one scanned. Returns the number
-/// removed.
+/// `restrict`'s removal, [`recorded`]: `ARGV[2..] = [field, version,
+/// ...]`; removes a row only if its version is still the one scanned.
+/// Returns the number removed.
 pub(crate) static REMOVE_IF_UNCHANGED: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         "{BUCKET}{}",
-        r#"
+        recorded(
+            "",
+            r#"
 local fields = {}
-for i = 1, #ARGV, 2 do fields[#fields + 1] = ARGV[i] end
+for i = 2, #ARGV, 2 do fields[#fields + 1] = ARGV[i] end
 local got = hmget(fields)
 local victims = {}
 for n = 1, #fields do
-  if got[n] and string.sub(got[n], 1, 8) == ARGV[2 * n] then victims[#victims + 1] = fields[n] end
+  if got[n] and string.sub(got[n], 1, 8) == ARGV[2 * n + 1] then victims[#victims + 1] = fields[n] end
 end
-local removed = 0
-for i = 1, #victims, CHUNK do
-  removed = removed + redis.call('HDEL', KEYS[1], unpack(victims, i, math.min(i + CHUNK - 1, #victims)))
-end
-return removed
+return hdel(victims)
 "#
+        )
+    ))
+});
+
+/// `remove`, [`recorded`]: `ARGV[2..]` are the fields to remove. Returns
+/// the number removed.
+pub(crate) static REMOVE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
+        "{BUCKET}{}",
+        recorded(
+            "",
+            r#"
+local fields = {}
+for i = 2, #ARGV do fields[#fields + 1] = ARGV[i] end
+return hdel(fields)
+"#
+        )
+    ))
+});
+
+/// `clear`, [`recorded`]: removes the bucket (`UNLINK`). Returns 1 if it
+/// existed.
+pub(crate) static CLEAR: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(format!(
+        "{BUCKET}{}",
+        recorded("", "return redis.call('UNLINK', KEYS[1])")
     ))
 });
 
@@ -362,13 +455,15 @@ return {n, ARGV[2]}
 });
 
 /// Every script, loaded on each new connection.
-pub(crate) static ALL_SCRIPTS: LazyLock<[&'static Lua; 8]> = LazyLock::new(|| {
+pub(crate) static ALL_SCRIPTS: LazyLock<[&'static Lua; 10]> = LazyLock::new(|| {
     [
         &*INSERT_ABSENT,
         &*UPSERT,
         &*ACCUM,
         &*WRITE_IF_UNCHANGED,
         &*REMOVE_IF_UNCHANGED,
+        &*REMOVE,
+        &*CLEAR,
         &*HEADERS,
         &*OPEN,
         &*CREATE_SLOT,

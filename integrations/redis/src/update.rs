@@ -8,7 +8,11 @@
 //!    order;
 //! 3. one pipelined write (a Lua script per bucket) stores
 //!    each new row only if the row's version is still the one read (still
-//!    absent, for a missing key); every write sets a new random version;
+//!    absent, for a missing key); every row written gets a new random
+//!    version, which the write carries, so a resend of the write (after
+//!    a lost reply) recognises its own rows as written, not as conflicts
+//!    (the write's recorded reply, see the [crate docs](crate), covers the
+//!    case where another writer changed a row in between);
 //! 4. the rows that changed meanwhile are read and updated again, until
 //!    none is left (at most [`MAX_ROUNDS`] rounds, then
 //!    [`BackendErrorKind::Contention`]).
@@ -34,7 +38,7 @@ use crate::batch::Grouped;
 use crate::layout::{self, Row, HEADER};
 use crate::reply;
 use crate::scripts;
-use crate::variable::{script_cmd, RedisVariable};
+use crate::variable::RedisVariable;
 use dynemb::{BackendErrorKind, Error, Key, RestrictPolicy, Result, SlotId};
 use redis::Value;
 use std::collections::HashMap;
@@ -320,9 +324,10 @@ impl<K: Key> RedisVariable<K> {
         }
         let bits: Vec<u64> = writes.iter().map(|w| w.bits).collect();
         let grouped = Grouped::new(&bits, self.buckets())?;
+        let id = layout::new_version();
         let mut requests = Vec::with_capacity(grouped.len());
         for (bucket, positions) in grouped.iter() {
-            let mut cmd = script_cmd(&scripts::WRITE_IF_UNCHANGED, self.bucket_key(bucket));
+            let mut cmd = self.write_cmd(&scripts::WRITE_IF_UNCHANGED, bucket, id);
             for &p in positions {
                 let write = &writes[p as usize];
                 cmd.arg(&layout::field(write.bits)[..])
@@ -331,7 +336,7 @@ impl<K: Key> RedisVariable<K> {
             }
             requests.push(self.bucket_request(bucket, &cmd));
         }
-        let replies = self.inner.cluster.run(&requests, false)?;
+        let replies = self.inner.cluster.run(&requests)?;
         let mut conflicts = Vec::new();
         for ((_, positions), reply) in grouped.iter().zip(replies) {
             for item in reply::array(self.store(), "versioned write", reply)? {
