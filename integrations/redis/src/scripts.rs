@@ -133,9 +133,6 @@ return reply
 /// `ARGV[2..4] = [mode, stamp, version]`.
 const SCORED: &str = r#"
 local MODE, STAMP, VERSION = ARGV[2], ARGV[3], ARGV[4]
--- A sum at or beyond this magnitude rounds to infinity as an f32
--- (2^128 - 2^103, half an ulp above f32::MAX, ties to even).
-local LIMIT = 2^128 - 2^103
 local ZERO8 = string.rep('\0', 8)
 local function next_score(cur)
   if MODE == 't' then return STAMP end
@@ -149,6 +146,102 @@ local function next_score(cur)
   end
   return struct.pack('<I4I4', lo, hi)
 end
+"#;
+
+/// Rows' sums of `accum`: `add_row(cur, deltas, dim)` is the `f32` bytes
+/// of `cur`'s values (from byte 17) plus `deltas`' `dim` values, or
+/// `nil, sign` if a sum overflows (`sign` of the first one). Decision:
+/// the values are added [`ADD_WIDTH`] at a time by straight-line code
+/// on locals ([`add_chunk`]), with one `struct.unpack` per operand and
+/// one `struct.pack` per chunk; the generic loop over tables, which
+/// `{struct.unpack(...)}` builds, is left for the `dim % ADD_WIDTH`
+/// values at the end. Measured on one server (256 rows of dim 64 a call):
+/// about 9 µs of script time a row instead of 10; nearly all of what is
+/// left is `struct`'s conversions (two unpacks and a pack of 64 values,
+/// about 1.9 µs each), against about 3.5 µs a row for the same script
+/// without the float work, so `accum` costs about three `upsert`s on the
+/// server.
+fn add_row() -> String {
+    format!(
+        r#"
+{limit}{floats}{chunk}
+local function add_row(cur, deltas, dim)
+  local full = dim - dim % {w}
+  local parts = {{}}
+  for off = 0, full - 1, {w} do
+    local part, sign = add_chunk(cur, 17 + 4 * off, deltas, 1 + 4 * off)
+    if not part then return nil, sign end
+    parts[#parts + 1] = part
+  end
+  if full < dim then
+    local n = dim - full
+    local row = floats(cur, 17 + 4 * full, n)
+    local d = floats(deltas, 1 + 4 * full, n)
+    for j = 1, n do
+      local sum = row[j] + d[j]
+      if sum >= LIMIT or sum <= -LIMIT then return nil, sum > 0 and 1 or -1 end
+      row[j] = sum
+    end
+    parts[#parts + 1] = pack(row, n)
+  end
+  return table.concat(parts)
+end
+"#,
+        limit = OVERFLOW_LIMIT,
+        floats = FLOATS,
+        chunk = add_chunk(ADD_WIDTH),
+        w = ADD_WIDTH,
+    )
+}
+
+/// Values `accum` adds per straight-line chunk (two operands of this many
+/// locals each stay well inside Lua's 200 locals per function).
+const ADD_WIDTH: usize = 16;
+
+/// `add_chunk(a, at, b, bt)`: the `f32` bytes of the sums of the `width`
+/// `f32`s of `a` from byte `at` and of `b` from byte `bt`, or `nil, sign`
+/// if one overflows (`sign` of the first that does).
+fn add_chunk(width: usize) -> String {
+    let list = |v: &str| {
+        (1..=width)
+            .map(|i| format!("{v}{i}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let (a, b) = (list("a"), list("b"));
+    let sums: String = (1..=width)
+        .map(|i| format!("  a{i} = a{i} + b{i}\n"))
+        .collect();
+    let over = (1..=width)
+        .map(|i| format!("a{i} >= LIMIT or a{i} <= -LIMIT"))
+        .collect::<Vec<_>>()
+        .join(" or ");
+    format!(
+        r#"
+local CHUNK_FORMAT = '<' .. string.rep('f', {width})
+local function add_chunk(a, at, b, bt)
+  local {a} = struct.unpack(CHUNK_FORMAT, a, at)
+  local {b} = struct.unpack(CHUNK_FORMAT, b, bt)
+{sums}  if {over} then
+    for _, sum in ipairs({{{a}}}) do
+      if sum >= LIMIT then return nil, 1 end
+      if sum <= -LIMIT then return nil, -1 end
+    end
+  end
+  return struct.pack(CHUNK_FORMAT, {a})
+end
+"#
+    )
+}
+
+/// The overflow bound of `accum`'s sums.
+const OVERFLOW_LIMIT: &str = r#"
+-- A sum at or beyond this magnitude rounds to infinity as an f32
+-- (2^128 - 2^103, half an ulp above f32::MAX, ties to even).
+local LIMIT = 2^128 - 2^103"#;
+
+/// `floats` and `pack`: `f32`s to and from tables, any count.
+const FLOATS: &str = r#"
 local FORMATS = {}
 local function format(k)
   local f = FORMATS[k]
@@ -182,8 +275,7 @@ local function pack(t, n)
     i = i + k
   end
   return table.concat(parts)
-end
-"#;
+end"#;
 
 /// `lookup_or_insert`'s insert, [`recorded`]: `ARGV[2..] = [mode, stamp,
 /// version, field, body, field, body, ...]` (distinct fields); a field
@@ -261,7 +353,7 @@ pub(crate) static ACCUM: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(format!(
         "{BUCKET}{}",
         recorded(
-            SCORED,
+            &format!("{SCORED}{}", add_row()),
             r#"
 local dim = tonumber(ARGV[5])
 local fields = {}
@@ -281,19 +373,12 @@ for n = 1, #fields do
     local cur = rows[f]
     local new
     if cur then
-      local row = floats(cur, 17, dim)
-      local d = floats(deltas, 1, dim)
-      local bad = nil
-      for j = 1, dim do
-        local sum = row[j] + d[j]
-        if sum >= LIMIT or sum <= -LIMIT then bad = sum; break end
-        row[j] = sum
-      end
-      if bad then
-        refused[#refused + 1] = n - 1
-        refused[#refused + 1] = bad > 0 and 1 or -1
+      local sums, sign = add_row(cur, deltas, dim)
+      if sums then
+        new = VERSION .. next_score(cur) .. sums .. string.sub(cur, 17 + 4 * dim)
       else
-        new = VERSION .. next_score(cur) .. pack(row, dim) .. string.sub(cur, 17 + 4 * dim)
+        refused[#refused + 1] = n - 1
+        refused[#refused + 1] = sign
       end
     else
       new = VERSION .. next_score(false) .. deltas
