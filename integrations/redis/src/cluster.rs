@@ -31,9 +31,11 @@
 //!
 //! Every command this crate sends may run twice with the effect of once:
 //! reads, scripts that are idempotent by nature (opening a variable,
-//! creating a slot), and bucket writes, which record their reply on the
+//! creating a slot), bucket writes, which record their reply on the
 //! server under a write id and answer a second run with it (see
-//! [`crate::scripts`]). So a node whose replies were lost (its connection
+//! [`crate::scripts`]), and `destroy`'s `UNLINK` of the metadata (a
+//! second run finds nothing to remove, since no other handle may be in
+//! use then). So a node whose replies were lost (its connection
 //! broke after the pipeline was sent, or it stayed silent for the command
 //! timeout) gets its commands again on a new connection, in up to
 //! [`MAX_RESENDS`] more rounds. Decision: resend the node's whole

@@ -54,6 +54,11 @@ pub struct RedisConfig {
 /// Most buckets a variable may have.
 pub const MAX_BUCKETS: u32 = 1 << 20;
 
+/// Longest connect or command timeout (a day): every deadline computed
+/// from them stays representable, and a write's record TTL
+/// ([`RedisConfig::record_ttl`]) fits Redis's milliseconds.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
+
 impl Default for RedisConfig {
     fn default() -> Self {
         RedisConfig {
@@ -122,6 +127,9 @@ impl RedisConfig {
         if self.connect_timeout.is_zero() || self.command_timeout.is_zero() {
             return bad("timeouts must be longer than zero".into());
         }
+        if self.connect_timeout > MAX_TIMEOUT || self.command_timeout > MAX_TIMEOUT {
+            return bad(format!("timeouts must be at most {MAX_TIMEOUT:?}"));
+        }
         if !(1..=MAX_BUCKETS).contains(&self.buckets) {
             return bad(format!(
                 "buckets must be in 1..={MAX_BUCKETS}, got {}",
@@ -181,11 +189,25 @@ mod tests {
                 },
                 "timeouts",
             ),
+            (
+                RedisConfig {
+                    command_timeout: Duration::MAX,
+                    ..RedisConfig::default()
+                },
+                "at most",
+            ),
         ];
         for (config, what) in cases {
             let err = config.validate().unwrap_err().to_string();
             assert!(err.contains(what), "{err}");
         }
+    }
+
+    #[test]
+    fn a_batch_and_a_write_record_last_multiples_of_the_command_timeout() {
+        let config = RedisConfig::default();
+        assert_eq!(config.batch_deadline(), Duration::from_secs(20));
+        assert_eq!(config.record_ttl(), Duration::from_secs(40));
     }
 
     #[test]
