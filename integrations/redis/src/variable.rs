@@ -38,7 +38,8 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 ///
 /// Every batch costs one pipelined round trip per node (two for a
 /// `lookup_or_insert` that inserts: the read, then the inserts; an
-/// `update_rows` takes one more per round of conflicts). A node's
+/// `update_rows` takes two, one more per round of conflicts, and cuts
+/// rounds of many keys into pipelined chunks, see [`update`](crate::update)). A node's
 /// commands whose reply was lost are resent, and every write runs at most
 /// once (it records its reply on the server, see the
 /// [crate docs](crate)), so a batch that returns `Ok` was applied exactly
