@@ -21,7 +21,7 @@
 //! pipelined: while the update runs here on chunk `k`, another thread
 //! writes chunk `k - 1` back and reads chunk `k + 1`, so the client's
 //! work overlaps the servers' instead of alternating with it (measured:
-//! SparseAdam on 65,536-key batches about a quarter faster, see the
+//! SparseAdam on 65,536-key batches about a fifth faster, see the
 //! README). The update itself always runs on the calling thread, in
 //! order. Decision: few large chunks, because each costs a command per
 //! bucket on both round trips. A row is still written only if unchanged
