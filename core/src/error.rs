@@ -125,13 +125,16 @@ pub enum Error {
     /// have been applied on some of the store's nodes and not on others;
     /// each row is written whole or not at all.
     ///
-    /// For a write (`accum`, `upsert`, `remove`, an optimizer step) whose
-    /// request was sent, the outcome on the failing node is **unknown**: a
-    /// node that timed out, or whose connection broke after the request
-    /// went out, may have applied it. Reads are safe to retry; a write
-    /// that adds (`accum`, an optimizer step) must not be retried blindly,
-    /// or its rows may take it twice. Check the rows (or restore a
-    /// checkpoint) first.
+    /// A store may resend a request whose reply was lost, if that is safe:
+    /// `dynemb-redis` does, within its batch deadline, because each of its
+    /// writes carries an id and runs at most once on the server. So a call
+    /// that returns `Ok` was applied once. When it still fails (the node
+    /// stayed silent or unreachable), the outcome of a write (`accum`,
+    /// `upsert`, `remove`, an optimizer step) on the failing node is
+    /// **unknown**: it may have been applied, once. Reads are safe to
+    /// retry; a caller's own retry of a write that adds (`accum`, an
+    /// optimizer step) is a new write and may make its rows take it
+    /// twice, so check the rows (or restore a checkpoint) first.
     #[error("{store}: {kind}: {message}")]
     Backend {
         /// The store and, where known, the node (`"redis 127.0.0.1:7001"`).
@@ -148,11 +151,13 @@ pub enum Error {
 #[non_exhaustive]
 pub enum BackendErrorKind {
     /// The node could not be reached or the connection broke (refused,
-    /// reset, closed). A read retried once it is back may succeed; a write
-    /// may have been applied (see [`Error::Backend`]).
+    /// reset, closed), also after the store's own resends. A read retried
+    /// once it is back may succeed; a write may have been applied (see
+    /// [`Error::Backend`]).
     Unavailable,
-    /// The node did not answer within the configured timeout; a write may
-    /// still have been applied (see [`Error::Backend`]).
+    /// The node did not answer within the configured timeout, also after
+    /// the store's own resends; a write may still have been applied (see
+    /// [`Error::Backend`]).
     Timeout,
     /// The node is up but refuses to serve for now (a cluster without full
     /// coverage, a server loading its data, a failover under way).

@@ -24,8 +24,35 @@
 //! `NOSCRIPT` (a server whose scripts were flushed) loads the scripts
 //! there first, `TRYAGAIN`, `CLUSTERDOWN`, `LOADING` and `MASTERDOWN` wait
 //! a moment. After [`MAX_ROUNDS`] rounds, or when the next pause would
-//! pass the command timeout, the batch fails with
+//! pass the batch's deadline, the batch fails with
 //! [`BackendErrorKind::NotServing`].
+//!
+//! # Lost replies are resent
+//!
+//! Every command this crate sends may run twice with the effect of once:
+//! reads, scripts that are idempotent by nature (opening a variable,
+//! creating a slot), bucket writes, which record their reply on the
+//! server under a write id and answer a second run with it (see
+//! [`crate::scripts`]), and `destroy`'s `UNLINK` of the metadata (a
+//! second run finds nothing to remove, since no other handle may be in
+//! use then). So a node whose replies were lost (its connection
+//! broke after the pipeline was sent, or it stayed silent for the command
+//! timeout) gets its commands again on a new connection, in up to
+//! [`MAX_RESENDS`] more rounds. Decision: resend the node's whole
+//! pipeline, not only the commands whose replies were missing; each runs
+//! once anyway, and the code stays one path.
+//!
+//! # One deadline per batch
+//!
+//! A batch ends by [`RedisConfig::batch_deadline`] (twice the command
+//! timeout) after it starts, whatever happens: each round waits for the
+//! replies of every node until one shared instant (the command timeout
+//! from the round's start, or the deadline if sooner), so a silent node
+//! costs one wait, not one per node; connecting, sending, pauses and
+//! resends fit in the same deadline. One full wait plus one resend's is
+//! the reason for twice the command timeout: a batch that just needs the
+//! whole command timeout is not cut short, and a reply lost to a blip
+//! still has a resend's worth of time.
 //!
 //! # Why not the redis crate's cluster client
 //!
@@ -39,14 +66,13 @@
 //! # Failures
 //!
 //! A node that cannot be reached fails the batch before anything is sent
-//! (a connection to every node of the batch is had first). A node that
-//! breaks the connection or stays silent beyond the command timeout fails
-//! the batch with an [`Error::Backend`] naming it (after the other nodes'
-//! replies are read, so their connections stay usable); commands sent to
-//! other nodes may have been applied then: a failed batch is not rolled
-//! back. Reads (`idempotent`
-//! batches) are tried once more on a fresh connection when a pooled one
-//! turns out dead (a node that restarted while the variable was idle).
+//! (a connection to every node of the batch is had first). A node whose
+//! replies are still lost after the resends, or by the deadline, fails
+//! the batch with an [`Error::Backend`] naming it (`Timeout` or
+//! `Unavailable`, after the other nodes' replies are read, so their
+//! connections stay usable); commands sent to other nodes may have been
+//! applied then, and on the failing node each command is applied once or
+//! not at all: a failed batch is not rolled back.
 
 use crate::config::{parse_node, RedisConfig};
 use crate::node::{backend_error, Lease, Node};
@@ -62,6 +88,9 @@ pub(crate) const SLOTS: usize = 16384;
 
 /// Rounds of redirections and retries a batch may take.
 pub(crate) const MAX_ROUNDS: usize = 8;
+
+/// Rounds in which a batch resends commands whose reply was lost.
+pub(crate) const MAX_RESENDS: usize = 2;
 
 /// The cluster hash slot of a Redis key: CRC16 (XMODEM) of its hash tag
 /// (the bytes between the first `{` and the next `}`, if not empty) or of
@@ -135,6 +164,9 @@ enum Outcome {
     NoScript(Arc<Node>),
     /// Send again after a pause.
     Wait(String),
+    /// The node's reply was lost (this error): send again, on a new
+    /// connection.
+    Lost(Error),
 }
 
 impl Cluster {
@@ -181,32 +213,38 @@ impl Cluster {
 
     /// Runs `requests`, one pipeline per node, every node at once; returns
     /// each request's reply in order (error replies as
-    /// [`Value::ServerError`], for the caller to judge). See the module
-    /// docs for redirections and failures. `idempotent`: the requests may
-    /// run twice (reads), so a dead pooled connection is retried.
-    pub(crate) fn run(&self, requests: &[Request], idempotent: bool) -> Result<Vec<Value>> {
+    /// [`Value::ServerError`], for the caller to judge). Every request must
+    /// be safe to run twice (a read, or a recorded write: see
+    /// [`crate::scripts`]): one whose reply was lost is sent again. See the
+    /// module docs for redirections, resends and failures.
+    pub(crate) fn run(&self, requests: &[Request]) -> Result<Vec<Value>> {
         let mut replies: Vec<Option<Value>> = vec![None; requests.len()];
         // (request index, node to ask instead of the slot's owner)
         let mut pending: Vec<(usize, Option<String>)> =
             (0..requests.len()).map(|i| (i, None)).collect();
         let mut last_reason = String::new();
-        // Retries stop at the command timeout: a batch never outlives it
-        // by more than one exchange.
-        let deadline = Instant::now() + self.config.command_timeout;
+        let mut lost: Option<Error> = None;
+        let mut resends = 0;
+        let deadline = Instant::now() + self.config.batch_deadline();
+        let mut pause = Duration::ZERO;
         for round in 0..MAX_ROUNDS {
             if pending.is_empty() {
                 break;
             }
-            if round > 0 {
-                let pause = Duration::from_millis(10 << round.min(6));
+            if !pause.is_zero() {
                 if Instant::now() + pause > deadline {
                     break;
                 }
                 std::thread::sleep(pause);
             }
-            let outcomes = self.round(requests, &pending, idempotent)?;
+            // One wait for the replies, as long as the command timeout,
+            // within the batch's deadline.
+            let wait_until = deadline.min(Instant::now() + self.config.command_timeout);
+            let outcomes = self.round(requests, &pending, wait_until)?;
             let mut retry = Vec::new();
             let mut moved = false;
+            let mut any_lost = false;
+            pause = Duration::ZERO;
             for ((index, _), outcome) in pending.iter().zip(outcomes) {
                 match outcome {
                     Outcome::Done(value) => replies[*index] = Some(value),
@@ -222,8 +260,20 @@ impl Cluster {
                     }
                     Outcome::Wait(reason) => {
                         last_reason = reason;
+                        pause = Duration::from_millis(10 << (round + 1).min(6));
                         retry.push((*index, None));
                     }
+                    Outcome::Lost(error) => {
+                        any_lost = true;
+                        lost.get_or_insert(error);
+                        retry.push((*index, None));
+                    }
+                }
+            }
+            if any_lost {
+                resends += 1;
+                if resends > MAX_RESENDS {
+                    break;
                 }
             }
             if moved {
@@ -232,14 +282,15 @@ impl Cluster {
             pending = retry;
         }
         if !pending.is_empty() {
-            return Err(Error::Backend {
+            // A reply lost for good says more than the redirections.
+            return Err(lost.unwrap_or_else(|| Error::Backend {
                 store: format!("redis {}", self.config.nodes.join(",")),
                 kind: BackendErrorKind::NotServing,
                 message: format!(
-                    "{} command(s) still redirected or refused within the command timeout ({last_reason})",
+                    "{} command(s) still redirected or refused by the batch's deadline ({last_reason})",
                     pending.len()
                 ),
-            });
+            }));
         }
         Ok(replies
             .into_iter()
@@ -247,12 +298,16 @@ impl Cluster {
             .collect())
     }
 
-    /// One round: `pending` sent, grouped per node, all nodes at once.
+    /// One round: `pending` sent, grouped per node, all nodes at once,
+    /// every reply waited for until `wait_until`. A node whose replies
+    /// were lost (a broken connection, a timeout) gives
+    /// [`Outcome::Lost`] for each of its commands; a node that cannot be
+    /// reached fails the round before anything is sent.
     fn round(
         &self,
         requests: &[Request],
         pending: &[(usize, Option<String>)],
-        idempotent: bool,
+        wait_until: Instant,
     ) -> Result<Vec<Outcome>> {
         let topology = self.topology();
         // Per node: the node, its pipeline, and positions in `pending`.
@@ -302,7 +357,7 @@ impl Cluster {
         // fails the batch before anything is sent anywhere.
         let mut leases: Vec<Lease> = Vec::with_capacity(groups.len());
         for (node, _, _) in &groups {
-            match node.lease() {
+            match node.lease(wait_until) {
                 Ok(lease) => leases.push(lease),
                 Err(e) => {
                     for ((node, _, _), lease) in groups.iter().zip(leases) {
@@ -315,20 +370,13 @@ impl Cluster {
         // Send every pipeline, then read every node's replies.
         let mut sent: Vec<Result<Lease>> = Vec::with_capacity(groups.len());
         for ((node, packed, _), mut lease) in groups.iter().zip(leases) {
-            sent.push(node.send(&mut lease, packed).map(|()| lease));
+            sent.push(node.send(&mut lease, packed, wait_until).map(|()| lease));
         }
         let mut outcomes: Vec<Option<Outcome>> = (0..pending.len()).map(|_| None).collect();
         let mut first_error = None;
-        for ((node, packed, members), lease) in groups.iter().zip(sent) {
+        for ((node, _, members), lease) in groups.iter().zip(sent) {
             let count = members.len() + members.iter().filter(|&&at| asks[at]).count();
-            let replies = match lease.and_then(|lease| node.receive(lease, count)) {
-                Err(Error::Backend {
-                    kind: BackendErrorKind::Unavailable,
-                    ..
-                }) if idempotent && first_error.is_none() => node.exchange(packed, count, false),
-                other => other,
-            };
-            match replies {
+            match lease.and_then(|lease| node.receive(lease, count, wait_until)) {
                 Ok(replies) => {
                     let mut replies = replies.into_iter();
                     for &at in members {
@@ -337,6 +385,16 @@ impl Cluster {
                         }
                         let reply = replies.next().expect("one reply per command");
                         outcomes[at] = Some(classify(node, reply));
+                    }
+                }
+                Err(
+                    e @ Error::Backend {
+                        kind: BackendErrorKind::Unavailable | BackendErrorKind::Timeout,
+                        ..
+                    },
+                ) => {
+                    for &at in members {
+                        outcomes[at] = Some(Outcome::Lost(e.clone()));
                     }
                 }
                 Err(e) => {
@@ -392,7 +450,7 @@ fn load_scripts(node: &Node) -> Result<()> {
             .arg(script.code())
             .write_packed_command(&mut packed);
     }
-    for reply in node.exchange(&packed, ALL_SCRIPTS.len(), true)? {
+    for reply in node.exchange(&packed, ALL_SCRIPTS.len())? {
         if let Value::ServerError(e) = reply {
             return Err(protocol(node.addr(), format!("SCRIPT LOAD failed: {e:?}")));
         }
@@ -427,7 +485,7 @@ fn discover(config: &RedisConfig, known: &[Arc<Node>]) -> Result<Topology> {
     let mut last_error = None;
     for node in &candidates {
         let packed = redis::cmd("CLUSTER").arg("SLOTS").get_packed_command();
-        let reply = match node.exchange(&packed, 1, true) {
+        let reply = match node.exchange(&packed, 1) {
             Ok(mut replies) => replies.pop().expect("one reply"),
             Err(e) => {
                 last_error = Some(e);

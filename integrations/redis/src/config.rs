@@ -7,9 +7,11 @@
 //! enough; list several so that opening works while one is down).
 //!
 //! Every wait is bounded: connecting to a node by
-//! [`connect_timeout`](RedisConfig::connect_timeout), each exchange with a
-//! node by [`command_timeout`](RedisConfig::command_timeout). A node that is
-//! down or silent is an [`Error::Backend`] within
+//! [`connect_timeout`](RedisConfig::connect_timeout), waiting for a
+//! node's replies by [`command_timeout`](RedisConfig::command_timeout), a
+//! whole batch (every node, redirections, resends of lost replies) by
+//! [`batch_deadline`](RedisConfig::batch_deadline), twice the command
+//! timeout. A node that is down or silent is an [`Error::Backend`] within
 //! those bounds, never a hang.
 
 use dynemb::{Error, Result};
@@ -26,8 +28,10 @@ pub struct RedisConfig {
     pub nodes: Vec<String>,
     /// How long opening a connection to a node may take.
     pub connect_timeout: Duration,
-    /// How long one exchange with a node (a batch's pipeline, or a script
-    /// call) may take before it fails with a timeout. Size it for the
+    /// How long the client waits for a node's replies to a batch's
+    /// pipeline before it counts them lost (and resends them; a batch
+    /// lasts at most twice this, see
+    /// [`batch_deadline`](RedisConfig::batch_deadline)). Size it for the
     /// largest batch: a pipeline of a million rows takes a few seconds.
     pub command_timeout: Duration,
     /// The ACL user to log in as (`AUTH user password`), if any.
@@ -49,6 +53,11 @@ pub struct RedisConfig {
 
 /// Most buckets a variable may have.
 pub const MAX_BUCKETS: u32 = 1 << 20;
+
+/// Longest connect or command timeout (a day): every deadline computed
+/// from them stays representable, and a write's record TTL
+/// ([`RedisConfig::record_ttl`]) fits Redis's milliseconds.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
 
 impl Default for RedisConfig {
     fn default() -> Self {
@@ -88,6 +97,22 @@ impl RedisConfig {
         }
     }
 
+    /// How long a batch may last: connecting, sending, waiting for
+    /// replies, following redirections and resending commands whose reply
+    /// was lost all end by then (twice the command timeout: one full wait
+    /// for the replies, and one for a resend).
+    pub fn batch_deadline(&self) -> Duration {
+        self.command_timeout.saturating_mul(2)
+    }
+
+    /// How long a write's record (its reply, kept so that a resend runs
+    /// once, see [`RedisVariable`](crate::RedisVariable)) stays on the
+    /// server: twice [`batch_deadline`](Self::batch_deadline), so a resend
+    /// of this crate, always sent before the batch's deadline, finds it.
+    pub fn record_ttl(&self) -> Duration {
+        self.batch_deadline().saturating_mul(2)
+    }
+
     /// Checks the settings ([`Error::InvalidArgument`] naming the bad one).
     pub fn validate(&self) -> Result<()> {
         let bad = |what: String| Err(Error::InvalidArgument(format!("RedisConfig: {what}")));
@@ -101,6 +126,9 @@ impl RedisConfig {
         }
         if self.connect_timeout.is_zero() || self.command_timeout.is_zero() {
             return bad("timeouts must be longer than zero".into());
+        }
+        if self.connect_timeout > MAX_TIMEOUT || self.command_timeout > MAX_TIMEOUT {
+            return bad(format!("timeouts must be at most {MAX_TIMEOUT:?}"));
         }
         if !(1..=MAX_BUCKETS).contains(&self.buckets) {
             return bad(format!(
@@ -161,11 +189,25 @@ mod tests {
                 },
                 "timeouts",
             ),
+            (
+                RedisConfig {
+                    command_timeout: Duration::MAX,
+                    ..RedisConfig::default()
+                },
+                "at most",
+            ),
         ];
         for (config, what) in cases {
             let err = config.validate().unwrap_err().to_string();
             assert!(err.contains(what), "{err}");
         }
+    }
+
+    #[test]
+    fn a_batch_and_a_write_record_last_multiples_of_the_command_timeout() {
+        let config = RedisConfig::default();
+        assert_eq!(config.batch_deadline(), Duration::from_secs(20));
+        assert_eq!(config.record_ttl(), Duration::from_secs(40));
     }
 
     #[test]

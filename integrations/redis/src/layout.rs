@@ -8,6 +8,9 @@
 //!   The hash tag `{<b>}` decides the cluster slot, so a bucket lives on
 //!   one node and the buckets spread over the nodes.
 //! - `<prefix>:<name>:meta` — the variable's metadata hash.
+//! - `<prefix>:<name>:{<b>}:w:<id>` — the record of one write to bucket
+//!   `b` (its reply, so that a resent write runs once; see
+//!   [`crate::scripts`]), expiring on its own. Same hash tag, same node.
 //!
 //! A key's bucket is [`bucket_of`]: a fixed 64-bit mix of the key's bits
 //! (SplitMix64's finalizer) modulo the bucket count, the same on every
@@ -54,6 +57,15 @@ pub(crate) fn bucket_key(prefix: &str, name: &str, bucket: u32) -> Vec<u8> {
 /// The Redis key of the metadata hash of the variable `name`.
 pub(crate) fn meta_key(prefix: &str, name: &str) -> Vec<u8> {
     format!("{prefix}:{name}:meta").into_bytes()
+}
+
+/// The Redis key recording the write `id` to the bucket `bucket_key`:
+/// `<bucket key>:w:<id in hex>`, in the bucket's hash slot.
+pub(crate) fn record_key(bucket_key: &[u8], id: [u8; 8]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(bucket_key.len() + 19);
+    key.extend_from_slice(bucket_key);
+    key.extend_from_slice(format!(":w:{:016x}", u64::from_le_bytes(id)).as_bytes());
+    key
 }
 
 /// The hash field of a key.
@@ -199,6 +211,10 @@ mod tests {
     fn keys_and_fields_round_trip() {
         assert_eq!(bucket_key("dynemb", "user/emb", 7), b"dynemb:user/emb:{7}");
         assert_eq!(meta_key("m1", "e"), b"m1:e:meta");
+        assert_eq!(
+            record_key(b"m:e:{3}", 0xabu64.to_le_bytes()),
+            b"m:e:{3}:w:00000000000000ab"
+        );
         for bits in [0, 1, u64::MAX, 1 << 63] {
             assert_eq!(bits_of_field(&field(bits)), Some(bits));
         }

@@ -52,11 +52,22 @@
 //!   rows with their versions, run the optimizer's kernel here, write back
 //!   only the rows whose version is unchanged, retry the others (see
 //!   [`update`]).
+//! - **Every write runs at most once, so lost replies are resent**: each
+//!   bucket write carries a random write id and records its reply on the
+//!   server (a key beside the bucket, expiring after
+//!   [`RedisConfig::record_ttl`]); a second run of it returns that reply
+//!   and changes nothing. So a write whose reply was lost (a timeout, a
+//!   broken connection) is sent again by the crate itself, on a new
+//!   connection, and applied once: `accum` and optimizer steps included.
+//!   `update_rows`' write-back also knows its own rows by their new
+//!   versions.
 //! - **Failures**: a node that is down, silent or refusing is an
 //!   [`Error::Backend`](dynemb::Error::Backend) with a
-//!   [`BackendErrorKind`](dynemb::BackendErrorKind), within the connect
-//!   and command timeouts; a failed connection is dropped and the next
-//!   batch reconnects.
+//!   [`BackendErrorKind`](dynemb::BackendErrorKind), within one deadline
+//!   per batch ([`RedisConfig::batch_deadline`], twice the command
+//!   timeout); a failed connection is dropped and the next batch
+//!   reconnects. After such a failure a write may have been applied on
+//!   some nodes (each command once, each row whole) and not on others.
 //! - **Checkpoints** ([`RedisVariable::save`], `restore`, `load`) use the
 //!   local format through [`dynemb::checkpoint::save_rows`] and
 //!   [`dynemb::checkpoint::Reader`].

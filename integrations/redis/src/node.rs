@@ -10,7 +10,9 @@
 //! by the next batch.
 //!
 //! Every wait is bounded: connecting by the configured connect timeout,
-//! sending and each reply by the command timeout. A new connection
+//! and everything by the deadline the caller gives (a batch's, see
+//! [`crate::cluster`]): the socket timeouts are set to the time left
+//! before each send and each reply read. A new connection
 //! authenticates (the redis crate does, from the password given) and loads
 //! the crate's Lua scripts ([`crate::scripts`]) before its first use, so
 //! `EVALSHA` finds them even on a node that just restarted empty.
@@ -20,7 +22,7 @@ use crate::scripts::ALL_SCRIPTS;
 use dynemb::{BackendErrorKind, Error, Result};
 use redis::{Client, Connection, ConnectionAddr, IntoConnectionInfo, RedisError, Value};
 use std::sync::{Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Idle connections kept per node (more are opened when more threads
 /// exchange with the node at once, and closed after use).
@@ -79,8 +81,8 @@ impl Node {
         &self.addr
     }
 
-    /// An idle connection, or a new one.
-    pub(crate) fn lease(&self) -> Result<Lease> {
+    /// An idle connection, or a new one made by `deadline`.
+    pub(crate) fn lease(&self, deadline: Instant) -> Result<Lease> {
         let idle = self
             .idle
             .lock()
@@ -89,39 +91,65 @@ impl Node {
         match idle {
             Some(conn) => Ok(Lease { conn, reused: true }),
             None => Ok(Lease {
-                conn: self.connect()?,
+                conn: self.connect(deadline)?,
                 reused: false,
             }),
         }
     }
 
-    /// Opens, authenticates and prepares a connection (timeouts set,
-    /// scripts loaded).
-    fn connect(&self) -> Result<Connection> {
+    /// Opens, authenticates and prepares a connection (scripts loaded),
+    /// within the connect timeout and by `deadline`.
+    fn connect(&self, deadline: Instant) -> Result<Connection> {
         let fail = |e: RedisError| backend_error(&self.addr, &e);
+        let wait = self.remaining(deadline)?.min(self.connect_timeout);
         let mut conn = self
             .client
-            .get_connection_with_timeout(self.connect_timeout)
+            .get_connection_with_timeout(wait)
             .map_err(fail)?;
-        conn.set_read_timeout(Some(self.command_timeout))
-            .map_err(fail)?;
-        conn.set_write_timeout(Some(self.command_timeout))
-            .map_err(fail)?;
-        let mut load = redis::pipe();
+        let deadline = deadline.min(Instant::now() + self.command_timeout);
+        let mut load = Vec::new();
         for script in ALL_SCRIPTS.iter() {
-            load.cmd("SCRIPT").arg("LOAD").arg(script.code());
+            redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(script.code())
+                .write_packed_command(&mut load);
         }
-        load.exec(&mut conn).map_err(fail)?;
+        self.send_on(&mut conn, &load, deadline)?;
+        for reply in self.receive_on(&mut conn, ALL_SCRIPTS.len(), deadline)? {
+            if let Value::ServerError(e) = reply {
+                return Err(backend_error(&self.addr, &e.into()));
+            }
+        }
         Ok(conn)
     }
 
-    /// Sends a packed pipeline on `lease` (first half of an exchange: the
-    /// replies are read by [`Node::receive`], so that every node of a batch
-    /// works at once). A failure drops the node's idle connections.
-    pub(crate) fn send(&self, lease: &mut Lease, packed: &[u8]) -> Result<()> {
-        lease
-            .conn
-            .send_packed_command(packed)
+    /// The time left until `deadline` (a [`BackendErrorKind::Timeout`]
+    /// if none is).
+    fn remaining(&self, deadline: Instant) -> Result<Duration> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            Err(Error::Backend {
+                store: format!("redis {}", self.addr),
+                kind: BackendErrorKind::Timeout,
+                message: "no reply before the batch's deadline".into(),
+            })
+        } else {
+            Ok(left)
+        }
+    }
+
+    /// Sends a packed pipeline on `lease`, by `deadline` (first half of an
+    /// exchange: the replies are read by [`Node::receive`], so that every
+    /// node of a batch works at once). A failure drops the node's idle
+    /// connections.
+    pub(crate) fn send(&self, lease: &mut Lease, packed: &[u8], deadline: Instant) -> Result<()> {
+        self.send_on(&mut lease.conn, packed, deadline)
+    }
+
+    fn send_on(&self, conn: &mut Connection, packed: &[u8], deadline: Instant) -> Result<()> {
+        let wait = self.remaining(deadline)?;
+        conn.set_write_timeout(Some(wait))
+            .and_then(|()| conn.send_packed_command(packed))
             .map_err(|e| self.failed(&e))
     }
 
@@ -133,48 +161,66 @@ impl Node {
         }
     }
 
-    /// Reads `count` replies from `lease` and puts it back in the pool.
-    /// Error replies are values ([`Value::ServerError`]); a broken or
-    /// silent connection is an error, and the connection is dropped with
-    /// the node's idle ones.
-    pub(crate) fn receive(&self, mut lease: Lease, count: usize) -> Result<Vec<Value>> {
-        let mut replies = Vec::with_capacity(count);
-        for _ in 0..count {
-            // Error replies come back as `Ok(Value::ServerError)`; an `Err`
-            // is the connection failing (broken, timed out, garbled).
-            let reply = lease.conn.recv_response().map_err(|e| self.failed(&e))?;
-            replies.push(reply);
-        }
+    /// Reads `count` replies from `lease`, each by `deadline`, and puts it
+    /// back in the pool. Error replies are values ([`Value::ServerError`]);
+    /// a broken or silent connection is an error, and the connection is
+    /// dropped with the node's idle ones.
+    pub(crate) fn receive(
+        &self,
+        mut lease: Lease,
+        count: usize,
+        deadline: Instant,
+    ) -> Result<Vec<Value>> {
+        let replies = self.receive_on(&mut lease.conn, count, deadline)?;
         self.give_back(lease);
         Ok(replies)
     }
 
-    /// [`Node::send`] and [`Node::receive`] of one pipeline. If `retry_stale`
-    /// and the connection came from the pool and failed as a dead
-    /// connection does, the exchange is tried once more on a new
-    /// connection (only for exchanges that may safely run twice: reads).
-    pub(crate) fn exchange(
+    /// Reads `count` replies, each by `deadline`, stopping at the first
+    /// failure (not the redis crate's pipeline reading, which waits for
+    /// every reply even after one timed out).
+    fn receive_on(
         &self,
-        packed: &[u8],
+        conn: &mut Connection,
         count: usize,
-        retry_stale: bool,
+        deadline: Instant,
     ) -> Result<Vec<Value>> {
-        let mut lease = self.lease()?;
+        let mut replies = Vec::with_capacity(count);
+        for _ in 0..count {
+            let wait = self.remaining(deadline).inspect_err(|_| self.drop_idle())?;
+            // Error replies come back as `Ok(Value::ServerError)`; an `Err`
+            // is the connection failing (broken, timed out, garbled).
+            let reply = conn
+                .set_read_timeout(Some(wait))
+                .and_then(|()| conn.recv_response())
+                .map_err(|e| self.failed(&e))?;
+            replies.push(reply);
+        }
+        Ok(replies)
+    }
+
+    /// [`Node::send`] and [`Node::receive`] of one pipeline, within the
+    /// command timeout; a pooled connection that turns out dead (the node
+    /// restarted while it was idle) is replaced once by a new one. Only
+    /// for commands that may run twice.
+    pub(crate) fn exchange(&self, packed: &[u8], count: usize) -> Result<Vec<Value>> {
+        let deadline = Instant::now() + self.command_timeout;
+        let mut lease = self.lease(deadline)?;
         let reused = lease.reused;
         let result = self
-            .send(&mut lease, packed)
-            .and_then(|()| self.receive(lease, count));
+            .send(&mut lease, packed, deadline)
+            .and_then(|()| self.receive(lease, count, deadline));
         match result {
             Err(Error::Backend {
                 kind: BackendErrorKind::Unavailable,
                 ..
-            }) if reused && retry_stale => {
+            }) if reused => {
                 let mut fresh = Lease {
-                    conn: self.connect()?,
+                    conn: self.connect(deadline)?,
                     reused: false,
                 };
-                self.send(&mut fresh, packed)?;
-                self.receive(fresh, count)
+                self.send(&mut fresh, packed, deadline)?;
+                self.receive(fresh, count, deadline)
             }
             result => result,
         }
@@ -183,11 +229,16 @@ impl Node {
     /// The error for a failed exchange on this node; its idle connections
     /// are dropped (a node that failed once has likely restarted or gone).
     fn failed(&self, error: &RedisError) -> Error {
+        self.drop_idle();
+        backend_error(&self.addr, error)
+    }
+
+    /// Drops the node's idle connections.
+    fn drop_idle(&self) {
         self.idle
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clear();
-        backend_error(&self.addr, error)
     }
 }
 

@@ -86,7 +86,7 @@ impl<'a, K: Key> Scan<'a, K> {
                 var.bucket_request(b, &cmd)
             })
             .collect();
-        let replies = var.inner.cluster.run(&requests, true)?;
+        let replies = var.inner.cluster.run(&requests)?;
         let mut out = Scanned {
             slots: vec![Vec::new(); self.slots.len()],
             ..Scanned::default()
@@ -237,7 +237,7 @@ impl<K: Key> RedisVariable<K> {
         let requests: Vec<_> = (0..self.buckets())
             .map(|b| self.bucket_request(b, &script_cmd(&scripts::HEADERS, self.bucket_key(b))))
             .collect();
-        let replies = self.inner.cluster.run(&requests, true)?;
+        let replies = self.inner.cluster.run(&requests)?;
         let mut rows: Vec<(u32, u64, [u8; 8], u64)> = Vec::new();
         for (bucket, reply) in (0..self.buckets()).zip(replies) {
             let mut items = reply::array(self.store(), "restrict scan", reply)?.into_iter();
@@ -275,20 +275,21 @@ impl<K: Key> RedisVariable<K> {
                 victims[bucket as usize].push((bits, version));
             }
         }
+        let id = layout::new_version();
         let mut requests = Vec::new();
         for (bucket, rows) in victims.iter().enumerate() {
             if rows.is_empty() {
                 continue;
             }
             let bucket = bucket as u32;
-            let mut cmd = script_cmd(&scripts::REMOVE_IF_UNCHANGED, self.bucket_key(bucket));
+            let mut cmd = self.write_cmd(&scripts::REMOVE_IF_UNCHANGED, bucket, id);
             for (bits, version) in rows {
                 cmd.arg(&layout::field(*bits)[..]).arg(&version[..]);
             }
             requests.push(self.bucket_request(bucket, &cmd));
         }
         let mut removed = 0;
-        for reply in self.inner.cluster.run(&requests, false)? {
+        for reply in self.inner.cluster.run(&requests)? {
             removed += reply::int(self.store(), "restrict remove", reply)? as usize;
         }
         Ok(removed)

@@ -23,7 +23,7 @@ impl<K: Key> RedisVariable<K> {
         let reply = self
             .inner
             .cluster
-            .run(&[Request::new(key, &cmd)], true)?
+            .run(&[Request::new(key, &cmd)])?
             .pop()
             .expect("one reply");
         let slots = meta::slots_in(self.name(), self.store(), reply)?;
@@ -107,7 +107,7 @@ impl<K: Key> RedisVariable<K> {
         let reply = self
             .inner
             .cluster
-            .run(&[Request::new(key, &cmd)], false)?
+            .run(&[Request::new(key, &cmd)])?
             .pop()
             .expect("one reply");
         let items = reply::array(self.store(), "create_slot", reply)?;

@@ -8,10 +8,26 @@
 //!    order;
 //! 3. one pipelined write (a Lua script per bucket) stores
 //!    each new row only if the row's version is still the one read (still
-//!    absent, for a missing key); every write sets a new random version;
+//!    absent, for a missing key); every row written gets a new random
+//!    version, which the write carries, so a resend of the write (after
+//!    a lost reply) recognises its own rows as written, not as conflicts
+//!    (the write's recorded reply, see the [crate docs](crate), covers the
+//!    case where another writer changed a row in between);
 //! 4. the rows that changed meanwhile are read and updated again, until
 //!    none is left (at most [`MAX_ROUNDS`] rounds, then
 //!    [`BackendErrorKind::Contention`]).
+//!
+//! A round of many keys (from `2 * 8192`) is cut into up to four chunks,
+//! pipelined: while the update runs here on chunk `k`, another thread
+//! writes chunk `k - 1` back and reads chunk `k + 1`, so the client's
+//! work overlaps the servers' instead of alternating with it (measured:
+//! SparseAdam on 65,536-key batches about a fifth faster, see the
+//! README). The update itself always runs on the calling thread, in
+//! order. Decision: few large chunks, because each costs a command per
+//! bucket on both round trips. A row is still written only if unchanged
+//! since its own read, so chunks change nothing about atomicity; a round
+//! that fails (a corrupt row, a node down) may have written its earlier
+//! chunks, as a failed batch may have written some nodes.
 //!
 //! So an update is applied to the row exactly as stored, once: concurrent
 //! updates, accumulations and upserts of a key (from threads or
@@ -34,7 +50,7 @@ use crate::batch::Grouped;
 use crate::layout::{self, Row, HEADER};
 use crate::reply;
 use crate::scripts;
-use crate::variable::{script_cmd, RedisVariable};
+use crate::variable::RedisVariable;
 use dynemb::{BackendErrorKind, Error, Key, RestrictPolicy, Result, SlotId};
 use redis::Value;
 use std::collections::HashMap;
@@ -42,6 +58,22 @@ use std::time::Duration;
 
 /// Rounds of conflicts an `update_rows` call retries before giving up.
 pub const MAX_ROUNDS: usize = 100;
+
+/// Keys per chunk of a round, at least (see [`chunk_len`]).
+const MIN_CHUNK: usize = 8192;
+
+/// Most chunks a round is cut into.
+const MAX_CHUNKS: usize = 4;
+
+/// Keys per chunk for a round of `pending` keys: the whole round below
+/// `2 * MIN_CHUNK` keys, else up to [`MAX_CHUNKS`] equal chunks of at
+/// least [`MIN_CHUNK`]. Decision: a few large chunks, because each
+/// chunk costs a command per bucket on both round trips; enough of them
+/// that most of the kernel's time here overlaps the servers' work.
+fn chunk_len(pending: usize) -> usize {
+    let chunks = (pending / MIN_CHUNK).clamp(1, MAX_CHUNKS);
+    pending.div_ceil(chunks).max(1)
+}
 
 /// One distinct key of the batch being updated.
 /// One key's rows while its update runs, allocated once per call: the
@@ -160,40 +192,55 @@ impl<K: Key> RedisVariable<K> {
                 let jitter = u64::from_le_bytes(layout::new_version()) % base;
                 std::thread::sleep(Duration::from_micros(base / 2 + jitter));
             }
-            let bits: Vec<u64> = pending.iter().map(|&t| targets[t].bits).collect();
-            let grouped = Grouped::new(&bits, self.buckets())?;
-            let rows = self.fetch(&bits, &grouped)?;
-            let mut computed = Vec::with_capacity(pending.len());
+            // Chunks of the pending keys, pipelined: while the kernel runs
+            // on one chunk here, another thread writes the previous chunk
+            // back and reads the next one.
+            let chunks: Vec<&[usize]> = pending.chunks(chunk_len(pending.len())).collect();
+            let mut rows = self.fetch_targets(&targets, chunks[0])?;
+            let mut to_write: Vec<Computed> = Vec::new();
+            let mut conflicts: Vec<usize> = Vec::new();
             let mut round_refused = HashMap::new();
-            for (&t, stored) in pending.iter().zip(&rows) {
-                let (row, refusal) = self.compute(
-                    &targets[t],
-                    stored.as_deref(),
-                    slots,
-                    &initials,
-                    &mut scratch,
-                    &mut update,
-                )?;
-                if let Some(refusal) = refusal {
-                    round_refused.insert(t, refusal);
-                }
-                if let Some(new) = row {
-                    computed.push(Computed { target: t, new });
+            for (k, chunk) in chunks.iter().enumerate() {
+                let next = chunks.get(k + 1).copied();
+                let writing = std::mem::take(&mut to_write);
+                let targets = &targets;
+                let (computed, io) = std::thread::scope(|scope| {
+                    let io = scope.spawn(|| -> Result<_> {
+                        let written = self.write_computed(targets, &writing)?;
+                        let next_rows = next.map(|c| self.fetch_targets(targets, c)).transpose()?;
+                        Ok((written, next_rows))
+                    });
+                    let mut computed = Vec::with_capacity(chunk.len());
+                    let result = chunk.iter().zip(&rows).try_for_each(|(&t, stored)| {
+                        let (row, refusal) = self.compute(
+                            &targets[t],
+                            stored.as_deref(),
+                            slots,
+                            &initials,
+                            &mut scratch,
+                            &mut update,
+                        )?;
+                        if let Some(refusal) = refusal {
+                            round_refused.insert(t, refusal);
+                        }
+                        if let Some(new) = row {
+                            computed.push(Computed { target: t, new });
+                        }
+                        Ok::<(), Error>(())
+                    });
+                    let io = io
+                        .join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                    (result.map(|()| computed), io)
+                });
+                let (written, next_rows) = io?;
+                conflicts.extend(written);
+                to_write = computed?;
+                if let Some(next_rows) = next_rows {
+                    rows = next_rows;
                 }
             }
-            let writes: Vec<VersionedWrite<'_>> = computed
-                .iter()
-                .map(|c| VersionedWrite {
-                    bits: targets[c.target].bits,
-                    expected: c.new.expected,
-                    row: &c.new.row,
-                })
-                .collect();
-            let conflicts: Vec<usize> = self
-                .write_if_unchanged(&writes)?
-                .into_iter()
-                .map(|i| computed[i].target)
-                .collect();
+            conflicts.extend(self.write_computed(&targets, &to_write)?);
             for (t, refusal) in round_refused {
                 if !conflicts.contains(&t) && refused.is_none_or(|(first, _)| refusal.0 < first) {
                     refused = Some(refusal);
@@ -310,6 +357,31 @@ impl<K: Key> RedisVariable<K> {
         Ok((Some(new), refused))
     }
 
+    /// The stored rows of `targets[chunk]` (`None`: absent), in order.
+    fn fetch_targets(&self, targets: &[Target], chunk: &[usize]) -> Result<Vec<Option<Vec<u8>>>> {
+        let bits: Vec<u64> = chunk.iter().map(|&t| targets[t].bits).collect();
+        let grouped = Grouped::new(&bits, self.buckets())?;
+        self.fetch(&bits, &grouped)
+    }
+
+    /// Writes `computed` back (see [`RedisVariable::write_if_unchanged`]);
+    /// returns the targets whose rows changed meanwhile.
+    fn write_computed(&self, targets: &[Target], computed: &[Computed]) -> Result<Vec<usize>> {
+        let writes: Vec<VersionedWrite<'_>> = computed
+            .iter()
+            .map(|c| VersionedWrite {
+                bits: targets[c.target].bits,
+                expected: c.new.expected,
+                row: &c.new.row,
+            })
+            .collect();
+        Ok(self
+            .write_if_unchanged(&writes)?
+            .into_iter()
+            .map(|i| computed[i].target)
+            .collect())
+    }
+
     /// Writes each row of `writes` whose stored version is still the
     /// expected one, one script per bucket, one round trip per node;
     /// returns the indexes in `writes` of the rows that changed meanwhile
@@ -320,9 +392,10 @@ impl<K: Key> RedisVariable<K> {
         }
         let bits: Vec<u64> = writes.iter().map(|w| w.bits).collect();
         let grouped = Grouped::new(&bits, self.buckets())?;
+        let id = layout::new_version();
         let mut requests = Vec::with_capacity(grouped.len());
         for (bucket, positions) in grouped.iter() {
-            let mut cmd = script_cmd(&scripts::WRITE_IF_UNCHANGED, self.bucket_key(bucket));
+            let mut cmd = self.write_cmd(&scripts::WRITE_IF_UNCHANGED, bucket, id);
             for &p in positions {
                 let write = &writes[p as usize];
                 cmd.arg(&layout::field(write.bits)[..])
@@ -331,7 +404,7 @@ impl<K: Key> RedisVariable<K> {
             }
             requests.push(self.bucket_request(bucket, &cmd));
         }
-        let replies = self.inner.cluster.run(&requests, false)?;
+        let replies = self.inner.cluster.run(&requests)?;
         let mut conflicts = Vec::new();
         for ((_, positions), reply) in grouped.iter().zip(replies) {
             for item in reply::array(self.store(), "versioned write", reply)? {
@@ -346,5 +419,23 @@ impl<K: Key> RedisVariable<K> {
             }
         }
         Ok(conflicts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunk_len;
+
+    #[test]
+    fn rounds_are_cut_into_a_few_large_chunks() {
+        assert_eq!(chunk_len(1), 1);
+        assert_eq!(
+            chunk_len(16_383),
+            16_383,
+            "one chunk below twice the minimum"
+        );
+        assert_eq!(chunk_len(16_384), 8_192);
+        assert_eq!(chunk_len(65_536), 16_384);
+        assert_eq!(chunk_len(1_000_001), 250_001, "at most four");
     }
 }

@@ -38,10 +38,15 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 ///
 /// Every batch costs one pipelined round trip per node (two for a
 /// `lookup_or_insert` that inserts: the read, then the inserts; an
-/// `update_rows` takes one more per round of conflicts). What a remote
-/// store adds to a local one's errors is [`Error::Backend`]: a batch that
-/// fails that way may have been applied on some nodes and not others, each
-/// row whole or not at all.
+/// `update_rows` takes two, one more per round of conflicts, and cuts
+/// rounds of many keys into pipelined chunks, see [`update`](crate::update)). A node's
+/// commands whose reply was lost are resent, and every write runs at most
+/// once (it records its reply on the server, see the
+/// [crate docs](crate)), so a batch that returns `Ok` was applied exactly
+/// once. What a remote store adds to a local one's errors is
+/// [`Error::Backend`]: a batch that fails that way may have been applied
+/// on some nodes and not others (each command at most once, each row
+/// whole or not at all).
 ///
 /// Scores follow the restrict policy as on a local variable (see
 /// [`dynemb::restrict`]): every write of a row counts or stamps it, reads
@@ -67,6 +72,8 @@ pub(crate) struct Inner {
     /// Redis key of each bucket.
     pub bucket_keys: Vec<Vec<u8>>,
     pub meta_key: Vec<u8>,
+    /// [`RedisConfig::record_ttl`] in milliseconds, for the scripts.
+    pub record_ttl_ms: u64,
     pub cluster: Cluster,
     /// Slot names and initial values by index, as last read from the
     /// metadata (slots are only ever appended).
@@ -189,7 +196,7 @@ impl<K: Key> RedisVariableBuilder<K> {
             open.arg(field).arg(value);
         }
         let reply = cluster
-            .run(&[Request::new(&meta_key, &open)], false)?
+            .run(&[Request::new(&meta_key, &open)])?
             .pop()
             .expect("one reply");
         let slots = meta.check(&self.name, &store, reply)?;
@@ -203,6 +210,9 @@ impl<K: Key> RedisVariableBuilder<K> {
                     .map(|b| layout::bucket_key(prefix, &self.name, b))
                     .collect(),
                 meta_key,
+                record_ttl_ms: u64::try_from(self.config.record_ttl().as_millis())
+                    .unwrap_or(u64::MAX)
+                    .max(1),
                 store,
                 name: self.name,
                 dim: self.dim,
@@ -351,6 +361,20 @@ impl<K: Key> RedisVariable<K> {
         &self.inner.bucket_keys[bucket as usize]
     }
 
+    /// `EVALSHA <script> 2 <bucket key> <record key> <ttl>`: a
+    /// [recorded](crate::scripts) write to `bucket` (the write `id`, one
+    /// per call), its own arguments to follow.
+    pub(crate) fn write_cmd(&self, script: &Lua, bucket: u32, id: [u8; 8]) -> redis::Cmd {
+        let key = self.bucket_key(bucket);
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.sha())
+            .arg(2)
+            .arg(key)
+            .arg(layout::record_key(key, id))
+            .arg(self.inner.record_ttl_ms);
+        cmd
+    }
+
     /// `(mode, stamp)` script arguments of a write batch's scores.
     pub(crate) fn score_args(&self) -> (&'static str, [u8; 8]) {
         match self.inner.policy {
@@ -390,7 +414,7 @@ impl<K: Key> RedisVariable<K> {
             }
             requests.push(self.bucket_request(bucket, &cmd));
         }
-        let replies = self.inner.cluster.run(&requests, true)?;
+        let replies = self.inner.cluster.run(&requests)?;
         let mut rows: Vec<Option<Vec<u8>>> = vec![None; bits.len()];
         for ((_, positions), reply) in grouped.iter().zip(replies) {
             let items = reply::array(self.store(), "HMGET", reply)?;
@@ -473,7 +497,7 @@ impl<K: Key> RedisVariable<K> {
             let mut requests = Vec::with_capacity(grouped.len());
             let mut body = Vec::with_capacity(4 * dim);
             for (bucket, positions) in grouped.iter() {
-                let mut cmd = script_cmd(&scripts::INSERT_ABSENT, self.bucket_key(bucket));
+                let mut cmd = self.write_cmd(&scripts::INSERT_ABSENT, bucket, version);
                 cmd.arg(mode).arg(&stamp[..]).arg(&version[..]);
                 for &p in positions {
                     let at = missing_at[p as usize];
@@ -483,7 +507,7 @@ impl<K: Key> RedisVariable<K> {
                 }
                 requests.push(self.bucket_request(bucket, &cmd));
             }
-            let replies = self.inner.cluster.run(&requests, false)?;
+            let replies = self.inner.cluster.run(&requests)?;
             for ((_, positions), reply) in grouped.iter().zip(replies) {
                 let items = reply::array(self.store(), "insert", reply)?;
                 if items.len() != positions.len() {
@@ -527,7 +551,7 @@ impl<K: Key> RedisVariable<K> {
         let mut requests = Vec::with_capacity(grouped.len());
         let mut body = Vec::with_capacity(4 * dim);
         for (bucket, positions) in grouped.iter() {
-            let mut cmd = script_cmd(&scripts::UPSERT, self.bucket_key(bucket));
+            let mut cmd = self.write_cmd(&scripts::UPSERT, bucket, version);
             cmd.arg(mode).arg(&stamp[..]).arg(&version[..]);
             for &p in positions {
                 let p = p as usize;
@@ -537,7 +561,7 @@ impl<K: Key> RedisVariable<K> {
             }
             requests.push(self.bucket_request(bucket, &cmd));
         }
-        for reply in self.inner.cluster.run(&requests, false)? {
+        for reply in self.inner.cluster.run(&requests)? {
             reply::int(self.store(), "upsert", reply)?;
         }
         Ok(())
@@ -567,7 +591,7 @@ impl<K: Key> RedisVariable<K> {
         let mut requests = Vec::with_capacity(grouped.len());
         let mut body = Vec::with_capacity(4 * dim);
         for (bucket, positions) in grouped.iter() {
-            let mut cmd = script_cmd(&scripts::ACCUM, self.bucket_key(bucket));
+            let mut cmd = self.write_cmd(&scripts::ACCUM, bucket, version);
             cmd.arg(mode).arg(&stamp[..]).arg(&version[..]).arg(dim);
             for &p in positions {
                 let p = p as usize;
@@ -579,7 +603,7 @@ impl<K: Key> RedisVariable<K> {
             }
             requests.push(self.bucket_request(bucket, &cmd));
         }
-        let replies = self.inner.cluster.run(&requests, false)?;
+        let replies = self.inner.cluster.run(&requests)?;
         let mut refused: Option<(usize, f32)> = None;
         for ((_, positions), reply) in grouped.iter().zip(replies) {
             let items = reply::array(self.store(), "accum", reply)?;
@@ -621,19 +645,19 @@ impl<K: Key> RedisVariable<K> {
     /// Removes `keys` with their slots and scores; absent keys are ignored.
     pub fn remove(&self, keys: &[K]) -> Result<()> {
         let (bits, grouped) = self.group(keys)?;
+        // A recorded script, not a plain HDEL: a resent HDEL could remove a
+        // row another writer inserted after the first one ran.
+        let id = layout::new_version();
         let mut requests = Vec::with_capacity(grouped.len());
         for (bucket, positions) in grouped.iter() {
-            let mut cmd = redis::cmd("HDEL");
-            cmd.arg(self.bucket_key(bucket));
+            let mut cmd = self.write_cmd(&scripts::REMOVE, bucket, id);
             for &p in positions {
                 cmd.arg(&layout::field(bits[p as usize])[..]);
             }
             requests.push(self.bucket_request(bucket, &cmd));
         }
-        // Not resent after a lost reply: the first HDEL may have run, and a
-        // second could remove a row another writer inserted meanwhile.
-        for reply in self.inner.cluster.run(&requests, false)? {
-            reply::int(self.store(), "HDEL", reply)?;
+        for reply in self.inner.cluster.run(&requests)? {
+            reply::int(self.store(), "remove", reply)?;
         }
         Ok(())
     }
@@ -641,15 +665,13 @@ impl<K: Key> RedisVariable<K> {
     /// Removes every key (the slot columns stay defined, as on a local
     /// variable).
     pub fn clear(&self) -> Result<()> {
+        // Recorded, as `remove` is: a resend never removes later rows.
+        let id = layout::new_version();
         let requests: Vec<Request> = (0..self.inner.buckets)
-            .map(|b| {
-                let mut cmd = redis::cmd("UNLINK");
-                cmd.arg(self.bucket_key(b));
-                self.bucket_request(b, &cmd)
-            })
+            .map(|b| self.bucket_request(b, &self.write_cmd(&scripts::CLEAR, b, id)))
             .collect();
-        for reply in self.inner.cluster.run(&requests, false)? {
-            reply::int(self.store(), "UNLINK", reply)?;
+        for reply in self.inner.cluster.run(&requests)? {
+            reply::int(self.store(), "clear", reply)?;
         }
         Ok(())
     }
@@ -666,7 +688,7 @@ impl<K: Key> RedisVariable<K> {
         let reply = self
             .inner
             .cluster
-            .run(&[Request::new(&self.inner.meta_key, &cmd)], true)?
+            .run(&[Request::new(&self.inner.meta_key, &cmd)])?
             .pop()
             .expect("one reply");
         reply::int(self.store(), "UNLINK", reply).map(drop)
@@ -689,7 +711,7 @@ impl<K: Key> RedisVariable<K> {
             .collect();
         self.inner
             .cluster
-            .run(&requests, true)?
+            .run(&requests)?
             .into_iter()
             .map(|reply| {
                 let n = reply::int(self.store(), "HLEN", reply)?;

@@ -114,3 +114,67 @@ fn accum_of_repeats_with_mixed_exists_flags_matches_a_local_variable() {
     }
     remote.destroy().unwrap();
 }
+
+/// `accum` adds on the server, in chunks of straight-line code and a
+/// generic loop for the values past the last whole chunk: at dims below,
+/// at and past a chunk, rows equal a local variable's bit for bit
+/// (fractional values, so every sum is rounded), and a sum that
+/// overflows in any chunk, of either sign, is refused as locally.
+#[test]
+fn accum_adds_bit_for_bit_as_a_local_variable_at_every_dim() {
+    let server = Server::start();
+    for dim in [1, 15, 16, 17, 37, 64, 100] {
+        let name = format!("accum_dim_{dim}");
+        let remote = RedisVariable::<i64>::builder(name.as_str())
+            .dim(dim)
+            .initializer(Initializer::Constant(0.1))
+            .config(server.config())
+            .build()
+            .unwrap();
+        let local = dynemb::Variable::<i64>::builder(name.as_str())
+            .dim(dim)
+            .initializer(Initializer::Constant(0.1))
+            .build()
+            .unwrap();
+        let keys: Vec<i64> = (0..40).chain(5..15).collect();
+        let values: Vec<f32> = (0..keys.len() * dim)
+            .map(|i| ((i * 7919) % 1000) as f32 / 37.0 - 13.0)
+            .collect();
+        let exists: Vec<bool> = keys.iter().map(|k| k % 3 != 0).collect();
+        let mut start = vec![0.0; keys.len() * dim];
+        remote
+            .lookup_or_insert(&keys[..20], &mut start[..20 * dim])
+            .unwrap();
+        local
+            .lookup_or_insert(&keys[..20], &mut start[..20 * dim])
+            .unwrap();
+        for round in 0..3 {
+            remote.accum(&keys, &values, &exists).unwrap();
+            local.accum(&keys, &values, &exists).unwrap();
+            let (mut got, mut want) = (vec![0.0; 40 * dim], vec![0.0; 40 * dim]);
+            remote.lookup(&keys[..40], &mut got).unwrap();
+            local.lookup(&keys[..40], &mut want).unwrap();
+            let (got, want): (Vec<u32>, Vec<u32>) = (
+                got.iter().map(|v| v.to_bits()).collect(),
+                want.iter().map(|v| v.to_bits()).collect(),
+            );
+            assert_eq!(got, want, "dim {dim}, round {round}");
+        }
+        // Overflows: key 2 negative in the first value, key 1 in the last
+        // one; key 3 stays finite and is written.
+        let big = [2, 1, 3];
+        let rows = [vec![-3e38; dim], vec![3e38; dim], vec![3e38; dim]].concat();
+        remote.upsert(&big, &rows).unwrap();
+        local.upsert(&big, &rows).unwrap();
+        let mut deltas = vec![1.0; 3 * dim];
+        deltas[0] = -3e38;
+        deltas[2 * dim - 1] = 3e38;
+        let got = remote.accum(&big, &deltas, &[true; 3]).unwrap_err();
+        let want = local.accum(&big, &deltas, &[true; 3]).unwrap_err();
+        assert_eq!(got, want, "dim {dim}");
+        let (mut got, mut want) = (vec![0.0; 3 * dim], vec![0.0; 3 * dim]);
+        remote.lookup(&big, &mut got).unwrap();
+        local.lookup(&big, &mut want).unwrap();
+        assert_eq!(got, want, "dim {dim}: refused rows kept, the other written");
+    }
+}

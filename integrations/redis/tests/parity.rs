@@ -278,3 +278,54 @@ fn two_hundred_training_steps_match_a_local_variable() {
         "ftrl",
     );
 }
+
+// ---------------------------------------------------------- large batches
+
+/// A batch of more distinct keys than one chunk of `update_rows`' pipeline
+/// (its rounds are cut into chunks from 16,384 keys on, written back on
+/// another thread while the next chunk's kernel runs here) trains as on a
+/// local variable: Adam's rows and slots, repeated keys included.
+#[test]
+fn a_batch_pipelined_in_chunks_trains_as_a_local_variable() {
+    let server = Server::start();
+    let init = Initializer::RandomUniform {
+        low: -0.5,
+        high: 0.5,
+        seed: 3,
+    };
+    let remote = RedisVariable::<i64>::builder(unique_name("chunks"))
+        .dim(2)
+        .initializer(init.clone())
+        .config(server.config())
+        .build()
+        .unwrap();
+    let local = Variable::<i64>::builder("chunks")
+        .dim(2)
+        .initializer(init)
+        .build()
+        .unwrap();
+    let opt = || {
+        SparseAdam::new(ParamsAdam {
+            lr: 0.01,
+            ..Default::default()
+        })
+        .unwrap()
+    };
+    let (on_remote, on_local) = (opt(), opt());
+    let keys: Vec<i64> = (0..40_000).chain(0..5_000).map(|k| k * 7 - 9_000).collect();
+    for step in 0..3 {
+        let grads: Vec<f32> = (0..keys.len() * 2)
+            .map(|i| ((i * 31 + step * 7) % 17) as f32 / 17.0 - 0.5)
+            .collect();
+        on_remote.apply(&remote, &keys, &grads).unwrap();
+        on_local.apply(&local, &keys, &grads).unwrap();
+    }
+    let distinct = &keys[..40_000];
+    let (got, want) = (
+        read(&remote, distinct, &["m", "v"]),
+        read(&local, distinct, &["m", "v"]),
+    );
+    for (part, (g, w)) in ["values", "m", "v"].iter().zip(got.iter().zip(&want)) {
+        assert_close(g, w, part);
+    }
+}

@@ -162,11 +162,32 @@ impl Server {
         self.signal("-CONT");
     }
 
-    fn signal(&self, signal: &str) {
-        let pid = self.child.as_ref().expect("running").id().to_string();
-        let status = Command::new("kill").args([signal, &pid]).status().unwrap();
-        assert!(status.success(), "kill {signal} {pid}");
+    /// Thaws the paused process after `delay`, from another thread (to
+    /// be joined before the server is dropped).
+    pub fn resume_after(&self, delay: Duration) -> std::thread::JoinHandle<()> {
+        let pid = self.pid();
+        std::thread::spawn(move || {
+            std::thread::sleep(delay);
+            signal(pid, "-CONT");
+        })
     }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    fn signal(&self, signal: &str) {
+        self::signal(self.pid(), signal);
+    }
+}
+
+/// Sends `signal` (`-STOP`, `-CONT`) to the process `pid`.
+fn signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {signal} {pid}");
 }
 
 impl Drop for Server {
