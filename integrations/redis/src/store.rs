@@ -1,5 +1,11 @@
 //! [`RedisVariable`] as an [`EmbeddingStore`]: what `dynemb-optim`'s
 //! optimizers and `dynemb-candle`'s layers train, unchanged.
+//!
+//! Its calls wait on the servers and spread a batch over the nodes (and
+//! `update_rows` over a thread of its own) by themselves, so it is not
+//! [`cpu_bound`](EmbeddingStore::cpu_bound): callers such as
+//! `dynemb-candle` make one call per batch instead of splitting it over
+//! their CPU threads, which would only hold those threads while they wait.
 
 use crate::RedisVariable;
 use dynemb::{EmbeddingStore, Key, Result, SlotId};
@@ -18,6 +24,9 @@ impl<K: Key> EmbeddingStore for RedisVariable<K> {
     }
     fn trainable(&self) -> bool {
         RedisVariable::trainable(self)
+    }
+    fn cpu_bound(&self) -> bool {
+        false
     }
     fn lookup(&self, keys: &[K], out: &mut [f32]) -> Result<()> {
         RedisVariable::lookup(self, keys, out)

@@ -16,6 +16,10 @@ fn exercise(config: dynemb_redis::RedisConfig) {
         .config(config)
         .build()
         .unwrap();
+    assert!(
+        !dynemb::EmbeddingStore::cpu_bound(&v),
+        "callers must not split a remote store's batches over their CPU threads"
+    );
     let mut out = vec![0.0; 6];
     v.lookup(&[1, 2], &mut out).unwrap();
     assert_eq!(out, [0.5; 6]);
