@@ -82,18 +82,25 @@ fn check_len(what: &'static str, len: usize, rows: usize, dim: usize) -> dynemb:
     Ok(())
 }
 
-/// Runs `call(keys, out)` on every chunk of `chunk` keys with its rows of
-/// `out`, on candle's threads; the first failing chunk's error.
-fn split_rows<K: Sync>(
-    keys: &[K],
+/// `read(store, keys, out)` (a store read that fills `out` with the rows
+/// of `keys`), split for `threads` threads: one call per chunk of keys
+/// with its rows of `out`, on candle's threads; the first failing chunk's
+/// error.
+fn read_over<S: EmbeddingStore>(
+    store: &S,
+    keys: &[S::Key],
     out: &mut [f32],
-    dim: usize,
-    chunk: usize,
-    call: impl Fn(&[K], &mut [f32]) -> dynemb::Result<()> + Sync,
+    threads: usize,
+    read: impl Fn(&S, &[S::Key], &mut [f32]) -> dynemb::Result<()> + Sync,
 ) -> dynemb::Result<()> {
+    let dim = store.dim();
+    let Some(chunk) = store_chunk_len(store, keys.len(), threads).filter(|_| dim > 0) else {
+        return read(store, keys, out);
+    };
+    check_len("out", out.len(), keys.len(), dim)?;
     threads::run_chunks_mut(out, chunk * dim, |part, out| {
         let first = part * chunk;
-        call(&keys[first..(first + chunk).min(keys.len())], out)
+        read(store, &keys[first..(first + chunk).min(keys.len())], out)
     })
     .into_iter()
     .collect()
@@ -107,24 +114,7 @@ pub fn lookup<S: EmbeddingStore>(
     keys: &[S::Key],
     out: &mut [f32],
 ) -> dynemb::Result<()> {
-    lookup_over(store, keys, out, threads::count())
-}
-
-/// [`lookup`] split for `threads` threads.
-fn lookup_over<S: EmbeddingStore>(
-    store: &S,
-    keys: &[S::Key],
-    out: &mut [f32],
-    threads: usize,
-) -> dynemb::Result<()> {
-    let dim = store.dim();
-    match store_chunk_len(store, keys.len(), threads) {
-        Some(chunk) if dim > 0 => {
-            check_len("out", out.len(), keys.len(), dim)?;
-            split_rows(keys, out, dim, chunk, |keys, out| store.lookup(keys, out))
-        }
-        _ => store.lookup(keys, out),
-    }
+    read_over(store, keys, out, threads::count(), S::lookup)
 }
 
 /// [`EmbeddingStore::lookup_or_insert`], split over candle's threads (see
@@ -135,26 +125,7 @@ pub fn lookup_or_insert<S: EmbeddingStore>(
     keys: &[S::Key],
     out: &mut [f32],
 ) -> dynemb::Result<()> {
-    lookup_or_insert_over(store, keys, out, threads::count())
-}
-
-/// [`lookup_or_insert`] split for `threads` threads.
-fn lookup_or_insert_over<S: EmbeddingStore>(
-    store: &S,
-    keys: &[S::Key],
-    out: &mut [f32],
-    threads: usize,
-) -> dynemb::Result<()> {
-    let dim = store.dim();
-    match store_chunk_len(store, keys.len(), threads) {
-        Some(chunk) if dim > 0 => {
-            check_len("out", out.len(), keys.len(), dim)?;
-            split_rows(keys, out, dim, chunk, |keys, out| {
-                store.lookup_or_insert(keys, out)
-            })
-        }
-        _ => store.lookup_or_insert(keys, out),
-    }
+    read_over(store, keys, out, threads::count(), S::lookup_or_insert)
 }
 
 /// [`Step::apply`], split over candle's threads (see the
@@ -314,8 +285,8 @@ mod tests {
         };
         let keys: Vec<i64> = (0..20_000).collect();
         let mut out = vec![0.0; keys.len() * 4];
-        lookup_over(&remote, &keys, &mut out, 3).unwrap();
-        lookup_or_insert_over(&remote, &keys, &mut out, 3).unwrap();
+        read_over(&remote, &keys, &mut out, 3, Remote::lookup).unwrap();
+        read_over(&remote, &keys, &mut out, 3, Remote::lookup_or_insert).unwrap();
         let opt = SparseSgd::new(ParamsSgd { lr: 0.1 }).unwrap();
         let step = opt.begin_step().unwrap();
         apply_over(&step, &remote, &keys, &out, 3).unwrap();
@@ -328,15 +299,15 @@ mod tests {
         let keys: Vec<i64> = (0..20_011).map(|k| k * 7 - 3000).collect();
         let (split, whole) = (table("split"), table("whole"));
         let mut got = vec![0.0; keys.len() * 4];
-        lookup_over(&split, &keys, &mut got, 3).unwrap();
+        read_over(&split, &keys, &mut got, 3, Variable::lookup).unwrap();
         assert_eq!(split.size(), 0, "lookup inserts nothing");
-        lookup_or_insert_over(&split, &keys, &mut got, 3).unwrap();
+        read_over(&split, &keys, &mut got, 3, Variable::lookup_or_insert).unwrap();
         let mut want = vec![0.0; keys.len() * 4];
         whole.lookup_or_insert(&keys, &mut want).unwrap();
         assert_eq!(got, want);
         assert_eq!(split.size(), keys.len());
         let mut short = vec![0.0; keys.len() * 4 - 1];
-        let err = lookup_or_insert_over(&split, &keys, &mut short, 3);
+        let err = read_over(&split, &keys, &mut short, 3, Variable::lookup_or_insert);
         assert!(matches!(
             err,
             Err(Error::LengthMismatch { what: "out", .. })
