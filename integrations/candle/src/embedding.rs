@@ -12,7 +12,7 @@
 //!   `lookup_or_insert` (missing keys are inserted with the initializer's
 //!   row) into one fresh variable `[n_unique, dim]`, and gathered back to
 //!   the ids' positions ([`gather_rows`]: `index_select`'s values, with a
-//!   backward that sums straight into the variable's gradient). The keys and the variable are
+//!   backward split over threads). The keys and the variable are
 //!   recorded ([`crate::record`]) for [`SparseStep`](crate::SparseStep),
 //!   which applies the variable's gradient after `loss.backward()`; each
 //!   call records one batch.

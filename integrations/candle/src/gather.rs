@@ -38,7 +38,7 @@
 
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
 
-use crate::rows::{with_f32_values, zeroed};
+use crate::rows::{filled, with_f32_values, zeroed};
 use crate::{threads, Error, Result};
 
 /// Fewest values a thread is handed: below two chunks of this the op runs
@@ -220,7 +220,7 @@ fn scatter_add(
 /// `parts + 1` row bounds `0 = b0 <= b1 <= .. <= b_parts = rows` cutting
 /// the rows into ranges that `positions` name about equally often.
 fn balanced_bounds(positions: &[u32], rows: usize, parts: usize) -> Result<Vec<usize>> {
-    let mut counts = zeroed_counts(rows)?;
+    let mut counts = filled(rows, 0_usize, "position counts")?;
     for &row in positions {
         counts[row as usize] += 1;
     }
@@ -237,11 +237,6 @@ fn balanced_bounds(positions: &[u32], rows: usize, parts: usize) -> Result<Vec<u
     }
     bounds.push(rows);
     Ok(bounds)
-}
-
-/// `rows` zero counts, or an error if they cannot be allocated.
-fn zeroed_counts(rows: usize) -> Result<Vec<usize>> {
-    crate::rows::filled(rows, 0, "position counts")
 }
 
 #[cfg(test)]
