@@ -359,15 +359,13 @@ local dim = tonumber(ARGV[5])
 local fields = {}
 for i = 6, #ARGV, 3 do fields[#fields + 1] = ARGV[i] end
 local got = hmget(fields)
-local rows, seen, inserted, dirty, order = {}, {}, {}, {}, {}
+local rows, inserted, dirty, order = {}, {}, {}, {}
 local refused = {}
 for n = 1, #fields do
   local f = fields[n]
   local exists, deltas = ARGV[4 + 3 * n] == '1', ARGV[5 + 3 * n]
-  if not seen[f] then
-    seen[f] = true
-    rows[f] = got[n]
-  end
+  -- HMGET gives false for an absent row: nil means not seen yet.
+  if rows[f] == nil then rows[f] = got[n] end
   local present = rows[f] ~= false
   if (present and (exists or inserted[f])) or (not present and not exists) then
     local cur = rows[f]

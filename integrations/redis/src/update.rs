@@ -75,7 +75,6 @@ fn chunk_len(pending: usize) -> usize {
     pending.div_ceil(chunks).max(1)
 }
 
-/// One distinct key of the batch being updated.
 /// One key's rows while its update runs, allocated once per call: the
 /// values and slot rows as stored, and the copies an occurrence's update
 /// tries (kept only if every result is finite).
@@ -97,6 +96,7 @@ impl Scratch {
     }
 }
 
+/// One distinct key of the batch being updated.
 struct Target {
     bits: u64,
     /// Its positions in the batch, in order.
@@ -162,7 +162,10 @@ impl<K: Key> RedisVariable<K> {
         }
         let top = slots.iter().map(|s| s.index()).max();
         let initials: Vec<f32> = match top {
-            Some(top) => self.slots_through(top)?.iter().map(|&(_, v)| v).collect(),
+            Some(top) => self.slots_through(top)?[..=top]
+                .iter()
+                .map(|&(_, v)| v)
+                .collect(),
             None => Vec::new(),
         };
         let mut index_of: HashMap<u64, usize> = HashMap::new();
@@ -204,14 +207,14 @@ impl<K: Key> RedisVariable<K> {
                 let next = chunks.get(k + 1).copied();
                 let writing = std::mem::take(&mut to_write);
                 let targets = &targets;
-                let (computed, io) = std::thread::scope(|scope| {
-                    let io = scope.spawn(|| -> Result<_> {
-                        let written = self.write_computed(targets, &writing)?;
-                        let next_rows = next.map(|c| self.fetch_targets(targets, c)).transpose()?;
-                        Ok((written, next_rows))
-                    });
+                let io = || -> Result<_> {
+                    let written = self.write_computed(targets, &writing)?;
+                    let next_rows = next.map(|c| self.fetch_targets(targets, c)).transpose()?;
+                    Ok((written, next_rows))
+                };
+                let mut compute = || {
                     let mut computed = Vec::with_capacity(chunk.len());
-                    let result = chunk.iter().zip(&rows).try_for_each(|(&t, stored)| {
+                    chunk.iter().zip(&rows).try_for_each(|(&t, stored)| {
                         let (row, refusal) = self.compute(
                             &targets[t],
                             stored.as_deref(),
@@ -227,12 +230,22 @@ impl<K: Key> RedisVariable<K> {
                             computed.push(Computed { target: t, new });
                         }
                         Ok::<(), Error>(())
-                    });
-                    let io = io
-                        .join()
-                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-                    (result.map(|()| computed), io)
-                });
+                    })?;
+                    Ok::<_, Error>(computed)
+                };
+                // A round of one chunk has no I/O to overlap: no thread.
+                let (computed, io) = if writing.is_empty() && next.is_none() {
+                    (compute(), Ok((Vec::new(), None)))
+                } else {
+                    std::thread::scope(|scope| {
+                        let io = scope.spawn(io);
+                        let computed = compute();
+                        let io = io
+                            .join()
+                            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                        (computed, io)
+                    })
+                };
                 let (written, next_rows) = io?;
                 conflicts.extend(written);
                 to_write = computed?;
@@ -333,9 +346,9 @@ impl<K: Key> RedisVariable<K> {
             Some(RestrictPolicy::Frequency) => row.map_or(0, |r| r.score()).wrapping_add(applied),
             Some(RestrictPolicy::Timestamp) => dynemb::restrict::next_timestamp(),
         };
-        let columns = row
-            .map_or(0, |r| r.slot_columns())
-            .max(slots.iter().map(|s| s.index() + 1).max().unwrap_or(0));
+        // `initials` holds the initial value of every column up to the
+        // highest of `slots`.
+        let columns = row.map_or(0, |r| r.slot_columns()).max(initials.len());
         let mut bytes = Vec::with_capacity(HEADER + 4 * dim * (1 + columns));
         bytes.extend_from_slice(&layout::new_version());
         bytes.extend_from_slice(&score.to_le_bytes());
@@ -346,7 +359,10 @@ impl<K: Key> RedisVariable<K> {
             } else if let Some(old) = row.and_then(|r| r.slot_bytes(column)) {
                 bytes.extend_from_slice(old);
             } else {
-                let initial = self.slot_initial(SlotId::new(self.store_id(), column))?;
+                let initial = match initials.get(column) {
+                    Some(&initial) => initial,
+                    None => self.slot_initial(SlotId::new(self.store_id(), column))?,
+                };
                 layout::f32_fill_bytes(initial, dim, &mut bytes);
             }
         }
