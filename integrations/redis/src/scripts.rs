@@ -108,14 +108,16 @@ local function hdel(fields)
 end
 "#;
 
-/// A bucket write that runs at most once (see the module docs): `body`
+/// A bucket write that runs at most once (see the module docs), with the
+/// [`BUCKET`] helpers and `prelude` before it: `body`
 /// (Lua statements ending in `return reply`) runs unless `KEYS[2]`
 /// records an earlier run, whose reply is returned instead; otherwise its
 /// reply is recorded in `KEYS[2]` for `ARGV[1]` milliseconds. The body's
 /// own arguments start at `ARGV[2]`.
-fn recorded(prelude: &str, body: &str) -> String {
-    format!(
+fn recorded(prelude: &str, body: &str) -> Lua {
+    Lua::new(format!(
         r#"
+{BUCKET}
 local recorded = redis.call('GET', KEYS[2])
 if recorded then return cmsgpack.unpack(recorded) end
 {prelude}
@@ -126,7 +128,7 @@ local reply = body()
 redis.call('SET', KEYS[2], cmsgpack.pack(reply), 'PX', ARGV[1])
 return reply
 "#
-    )
+    ))
 }
 
 /// The prelude of the scripts that score their writes:
@@ -282,11 +284,9 @@ end"#;
 /// that is absent gets the row `version .. score .. body`. Returns, per
 /// field, `false` (inserted) or the row already there.
 pub(crate) static INSERT_ABSENT: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(format!(
-        "{BUCKET}{}",
-        recorded(
-            SCORED,
-            r#"
+    recorded(
+        SCORED,
+        r#"
 local fields = {}
 for i = 5, #ARGV, 2 do fields[#fields + 1] = ARGV[i] end
 local got = hmget(fields)
@@ -302,9 +302,8 @@ for n = 1, #fields do
 end
 hset(order, rows)
 return out
-"#
-        )
-    ))
+"#,
+    )
 });
 
 /// `upsert`, [`recorded`]: `ARGV[2..] = [mode, stamp, version, field,
@@ -312,11 +311,9 @@ return out
 /// occurrence scores). A present row keeps its slot columns. Returns the
 /// number of rows written.
 pub(crate) static UPSERT: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(format!(
-        "{BUCKET}{}",
-        recorded(
-            SCORED,
-            r#"
+    recorded(
+        SCORED,
+        r#"
 local fields = {}
 for i = 5, #ARGV, 2 do fields[#fields + 1] = ARGV[i] end
 local got = hmget(fields)
@@ -335,9 +332,8 @@ for n = 1, #fields do
 end
 hset(order, rows)
 return #fields
-"#
-        )
-    ))
+"#,
+    )
 });
 
 /// bp_v2 `accum`, [`recorded`]: `ARGV[2..] = [mode, stamp, version, dim,
@@ -350,11 +346,9 @@ return #fields
 /// sign]` pairs (`position` 0-based among the call's rows, `sign` `1` or
 /// `-1` of the sum that overflowed).
 pub(crate) static ACCUM: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(format!(
-        "{BUCKET}{}",
-        recorded(
-            &format!("{SCORED}{}", add_row()),
-            r#"
+    recorded(
+        &format!("{SCORED}{}", add_row()),
+        r#"
 local dim = tonumber(ARGV[5])
 local fields = {}
 for i = 6, #ARGV, 3 do fields[#fields + 1] = ARGV[i] end
@@ -393,9 +387,8 @@ for n = 1, #fields do
 end
 hset(order, rows)
 return refused
-"#
-        )
-    ))
+"#,
+    )
 });
 
 /// `update_rows`' write-back, [`recorded`]: `ARGV[2..] = [field,
@@ -405,11 +398,9 @@ return refused
 /// write, already applied: not a conflict. Returns the 0-based positions
 /// of the rows that changed meanwhile (not written).
 pub(crate) static WRITE_IF_UNCHANGED: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(format!(
-        "{BUCKET}{}",
-        recorded(
-            "",
-            r#"
+    recorded(
+        "",
+        r#"
 local fields = {}
 for i = 2, #ARGV, 3 do fields[#fields + 1] = ARGV[i] end
 local got = hmget(fields)
@@ -429,20 +420,17 @@ for n = 1, #fields do
 end
 hset(order, rows)
 return conflicts
-"#
-        )
-    ))
+"#,
+    )
 });
 
 /// `restrict`'s removal, [`recorded`]: `ARGV[2..] = [field, version,
 /// ...]`; removes a row only if its version is still the one scanned.
 /// Returns the number removed.
 pub(crate) static REMOVE_IF_UNCHANGED: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(format!(
-        "{BUCKET}{}",
-        recorded(
-            "",
-            r#"
+    recorded(
+        "",
+        r#"
 local fields = {}
 for i = 2, #ARGV, 2 do fields[#fields + 1] = ARGV[i] end
 local got = hmget(fields)
@@ -451,35 +439,27 @@ for n = 1, #fields do
   if got[n] and string.sub(got[n], 1, 8) == ARGV[2 * n + 1] then victims[#victims + 1] = fields[n] end
 end
 return hdel(victims)
-"#
-        )
-    ))
+"#,
+    )
 });
 
 /// `remove`, [`recorded`]: `ARGV[2..]` are the fields to remove. Returns
 /// the number removed.
 pub(crate) static REMOVE: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(format!(
-        "{BUCKET}{}",
-        recorded(
-            "",
-            r#"
+    recorded(
+        "",
+        r#"
 local fields = {}
 for i = 2, #ARGV do fields[#fields + 1] = ARGV[i] end
 return hdel(fields)
-"#
-        )
-    ))
+"#,
+    )
 });
 
 /// `clear`, [`recorded`]: removes the bucket (`UNLINK`). Returns 1 if it
 /// existed.
-pub(crate) static CLEAR: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(format!(
-        "{BUCKET}{}",
-        recorded("", "return redis.call('UNLINK', KEYS[1])")
-    ))
-});
+pub(crate) static CLEAR: LazyLock<Lua> =
+    LazyLock::new(|| recorded("", "return redis.call('UNLINK', KEYS[1])"));
 
 /// `restrict`'s scan: every row's field and 16-byte header (version and
 /// score), flat: `[field, header, field, header, ...]`.
