@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
+use std::time::{Duration, Instant};
 
 const DIM: usize = 8;
 
@@ -460,8 +461,13 @@ fn a_stream_of_overlapping_restores_does_not_starve_a_save() {
                 (ckpt.clone(), Arc::clone(&saves_done), Arc::clone(&loads));
             thread::spawn(move || {
                 let var = uniform("emb", 0..0, 0.0);
-                // Bounded, so a starved save shows as a failure, not a hang.
-                for _ in 0..1_000 {
+                // Readers keep the checkpoint busy until the saves are done.
+                // The bound is time, not a count of loads: once a save has
+                // published the small checkpoint, a load takes microseconds
+                // and any count would run out while the saves still proceed.
+                // A save starved for two minutes shows as a failure, not a hang.
+                let deadline = Instant::now() + Duration::from_secs(120);
+                while Instant::now() < deadline {
                     if saves_done.load(Ordering::Relaxed) {
                         return false;
                     }
