@@ -16,6 +16,9 @@ use std::time::{Duration, Instant};
 /// How long a server or a cluster may take to come up.
 const STARTUP: Duration = Duration::from_secs(30);
 
+/// Starts of a server tried before its start-up fails the test.
+const START_ATTEMPTS: usize = 5;
+
 /// A port free on loopback whose cluster bus port (+10000) is free too.
 fn free_port() -> u16 {
     loop {
@@ -42,38 +45,58 @@ impl Server {
     }
 
     /// A server with extra `redis-server` arguments.
+    ///
+    /// The port is free when chosen but not held until `redis-server`
+    /// binds it: meanwhile another test's connection may take it as its
+    /// source port, or another test's server may be given it. Then this
+    /// server exits (`Address already in use`) and the start is tried
+    /// again on another port; a server that answers on the port but is
+    /// not this one never counts as started (see [`Server::answers`]).
     pub fn start_with(extra: &[&str]) -> Server {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let port = free_port();
-        let mut args: Vec<String> = [
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--daemonize",
-            "no",
-            "--dir",
-            dir.path().to_str().unwrap(),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let mut server = Server {
-            port,
-            args,
-            dir,
-            child: None,
-        };
-        server.spawn();
-        server
+        let mut attempt = 1;
+        loop {
+            // A directory of its own per attempt: nothing of a failed
+            // start (its log, a cluster's nodes.conf) is left in it.
+            let dir = tempfile::tempdir().expect("temp dir");
+            let port = free_port();
+            let mut args: Vec<String> = [
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+                "--dir",
+                dir.path().to_str().unwrap(),
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            args.extend(extra.iter().map(|s| s.to_string()));
+            let mut server = Server {
+                port,
+                args,
+                dir,
+                child: None,
+            };
+            match server.spawn() {
+                Ok(()) => return server,
+                Err(log) if attempt < START_ATTEMPTS => {
+                    eprintln!("redis-server on {port} exited at start-up, another port: {log}");
+                    attempt += 1;
+                }
+                Err(log) => panic!("redis-server on {port} exited at start-up: {log}"),
+            }
+        }
     }
 
-    fn spawn(&mut self) {
+    /// Starts the process and waits until it answers on its port: `Err`
+    /// with its log if it exits first (its port was taken).
+    fn spawn(&mut self) -> Result<(), String> {
         let log = std::fs::File::create(self.dir.path().join("server.log")).unwrap();
         let child = Command::new("redis-server")
             .args(&self.args)
@@ -84,7 +107,14 @@ impl Server {
             .expect("redis-server is installed (apt-get install redis-server)");
         self.child = Some(child);
         let deadline = Instant::now() + STARTUP;
-        while self.ping().is_err() {
+        loop {
+            if self.answers() {
+                return Ok(());
+            }
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                self.child = None;
+                return Err(format!("{status}: {}", self.log()));
+            }
             assert!(
                 Instant::now() < deadline,
                 "redis-server on {} did not start: {}",
@@ -126,15 +156,36 @@ impl Server {
         conn
     }
 
-    /// Whether the server answers (a server that wants a password
-    /// answers `NOAUTH`).
-    fn ping(&self) -> redis::RedisResult<()> {
-        let client = redis::Client::open(format!("redis://{}/", self.addr()))?;
-        let mut conn = client.get_connection_with_timeout(Duration::from_millis(200))?;
-        match redis::cmd("PING").query::<String>(&mut conn) {
-            Err(e) if e.code() == Some("NOAUTH") => Ok(()),
-            other => other.map(drop),
+    /// Whether this server, the process started here, answers on its
+    /// port: a server that another test started on the same port does not
+    /// count (its `process_id` differs).
+    fn answers(&self) -> bool {
+        let pid = self.pid();
+        let client = match self.password() {
+            Some(password) => redis::Client::open(format!("redis://:{password}@{}/", self.addr())),
+            None => redis::Client::open(format!("redis://{}/", self.addr())),
+        };
+        // Bounded waits: a start-up poll must not hang on a process that
+        // accepted the connection but does not answer.
+        let Ok(mut conn) =
+            client.and_then(|c| c.get_connection_with_timeout(Duration::from_secs(1)))
+        else {
+            return false;
+        };
+        if conn.set_read_timeout(Some(Duration::from_secs(2))).is_err() {
+            return false;
         }
+        let Ok(info) = redis::cmd("INFO").arg("server").query::<String>(&mut conn) else {
+            return false;
+        };
+        info.lines()
+            .any(|line| line.trim() == format!("process_id:{pid}"))
+    }
+
+    /// The `--requirepass` among the arguments.
+    fn password(&self) -> Option<&str> {
+        let at = self.args.iter().position(|a| a == "--requirepass")?;
+        self.args.get(at + 1).map(String::as_str)
     }
 
     /// Kills the process (SIGKILL) and waits for it.
@@ -145,10 +196,22 @@ impl Server {
         }
     }
 
-    /// Starts it again on the same port, in the same directory.
+    /// Starts it again on the same port, in the same directory. The
+    /// port is free from the kill until the new process binds it, so
+    /// another test's connection may hold it as its source port for a
+    /// moment: the start is tried again then, on the same port.
     pub fn restart(&mut self) {
         self.kill();
-        self.spawn();
+        let mut attempt = 1;
+        while let Err(log) = self.spawn() {
+            assert!(
+                attempt < START_ATTEMPTS,
+                "redis-server on {} exited at restart: {log}",
+                self.port
+            );
+            attempt += 1;
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// Freezes the process (SIGSTOP): it keeps its connections open and
