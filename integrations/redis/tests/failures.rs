@@ -135,10 +135,8 @@ fn a_frozen_server_times_out_and_works_again_when_thawed() {
 
 #[test]
 fn an_absent_server_is_an_error_at_open_within_the_connect_timeout() {
-    let port = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.local_addr().unwrap().port()
-    };
+    // Not a port that a test running meanwhile may start its server on.
+    let port = support::absent_port();
     for node in [format!("127.0.0.1:{port}"), format!("localhost:{port}")] {
         let start = Instant::now();
         let err = RedisVariable::<i64>::builder("emb")

@@ -19,15 +19,35 @@ const STARTUP: Duration = Duration::from_secs(30);
 /// Starts of a server tried before its start-up fails the test.
 const START_ATTEMPTS: usize = 5;
 
-/// A port free on loopback whose cluster bus port (+10000) is free too.
+/// Ports handed out by [`absent_port`]: no server of this process is
+/// started on them.
+static ABSENT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+
+/// A port free on loopback whose cluster bus port (+10000) is free too,
+/// and not one of the [`absent_port`]s.
 fn free_port() -> u16 {
     loop {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
         let port = listener.local_addr().unwrap().port();
-        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+        let absent = ABSENT.lock().unwrap();
+        if port < 55_000
+            && !absent.contains(&port)
+            && !absent.contains(&(port + 10_000))
+            && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok()
+        {
             return port;
         }
     }
+}
+
+/// A loopback port nothing listens on, for the rest of this process: the
+/// servers that the tests running meanwhile start are never given it.
+pub fn absent_port() -> u16 {
+    let mut absent = ABSENT.lock().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+    let port = listener.local_addr().unwrap().port();
+    absent.push(port);
+    port
 }
 
 /// One `redis-server` process.
