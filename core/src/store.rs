@@ -68,6 +68,16 @@ pub trait EmbeddingStore: Send + Sync {
         true
     }
 
+    /// A hint that about `additional` keys not yet in the store may be
+    /// inserted soon: a store may make room for them now (grow its index,
+    /// back its rows with memory), so that the inserts do not pay for it.
+    /// It never changes what the store holds; callers may run it on another
+    /// thread while they compute. [`Variable`] does
+    /// [`Variable::reserve`]; the default does nothing.
+    fn reserve(&self, additional: usize) {
+        let _ = additional;
+    }
+
     /// Copies the rows of `keys` into `out` (`keys.len() * dim` values); a
     /// missing key reads the initializer's row. Never inserts.
     fn lookup(&self, keys: &[Self::Key], out: &mut [f32]) -> Result<()>;
@@ -125,6 +135,9 @@ impl<K: Key> EmbeddingStore for Variable<K> {
     }
     fn lookup_or_insert(&self, keys: &[K], out: &mut [f32]) -> Result<()> {
         Variable::lookup_or_insert(self, keys, out)
+    }
+    fn reserve(&self, additional: usize) {
+        Variable::reserve(self, additional)
     }
     fn create_slot(&self, name: &str, initial: f32) -> Result<SlotId> {
         Variable::create_slot(self, name, initial)

@@ -570,6 +570,26 @@ impl<K: Key> Variable<K> {
         }
     }
 
+    /// Makes room for about `additional` more keys (spread evenly over the
+    /// shards), so that inserting them neither resizes an index again and
+    /// again nor waits for fresh memory: each shard's index grows now, once,
+    /// if it must, and the rows the new keys will take are backed with
+    /// memory now (up to 1 GiB of rows per shard; rows of removed keys
+    /// waiting for reuse count as room).
+    ///
+    /// Like `HashMap::reserve`, but a hint that never fails: memory that
+    /// cannot be had is left to the inserts, and the table's contents never
+    /// change. Other threads keep reading and writing meanwhile, so a
+    /// trainer can call it on a spare thread while its model computes, as
+    /// `dynemb-candle`'s layers do after each training read (see
+    /// [`EmbeddingStore::reserve`](crate::EmbeddingStore::reserve)).
+    pub fn reserve(&self, additional: usize) {
+        let per_shard = additional.div_ceil(self.num_shards());
+        for table in &self.inner.shards {
+            table.reserve(per_shard);
+        }
+    }
+
     /// Number of keys over all shards.
     pub fn size(&self) -> usize {
         self.inner.shards.iter().map(Table::len).sum()

@@ -362,12 +362,14 @@ fn readers_never_see_torn_rows_dim_17() {
 fn no_key_is_lost_through_resizes() {
     // Fresh tables each round; small batches interleave more often with a
     // resize in progress.
-    for batch in [500usize, 61, 7] {
-        no_key_lost_round(batch);
+    // One round also makes room ahead from another thread meanwhile
+    // (`Variable::reserve`: migrations it starts, rows it backs with memory).
+    for (batch, reserving) in [(500usize, false), (61, true), (7, false)] {
+        no_key_lost_round(batch, reserving);
     }
 }
 
-fn no_key_lost_round(batch: usize) {
+fn no_key_lost_round(batch: usize, reserving: bool) {
     let dim = 4;
     let inserters = 2usize;
     let per_inserter = 80_000usize;
@@ -442,6 +444,16 @@ fn no_key_lost_round(batch: usize) {
                     }
                 }
                 active.fetch_sub(1, Ordering::AcqRel);
+            });
+        }
+        if reserving {
+            let (var, active) = (&var, &active);
+            s.spawn(move || {
+                let mut n = 1usize;
+                while active.load(Ordering::Acquire) > 0 {
+                    var.reserve(n * batch);
+                    n = n % 64 + 1;
+                }
             });
         }
         for r in 0..2u64 {

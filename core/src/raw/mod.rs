@@ -43,6 +43,6 @@ mod table;
 pub(crate) mod tags;
 mod zeroed;
 
-pub use rows::MAX_SLOTS;
+pub use rows::{MAX_SLOTS, PREFAULT_MAX_BYTES};
 pub use table::{ExportColumns, ExportedRows, Positions, Table, MAX_DIM};
 pub use zeroed::{release_free_heap, zeroed_words, ZeroedWords};

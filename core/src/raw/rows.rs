@@ -73,6 +73,10 @@ const SCORE_WORD: usize = 2;
 /// Most slot columns a table (and so a variable) holds; Adam with amsgrad
 /// needs three.
 pub const MAX_SLOTS: usize = 8;
+/// Most bytes of rows (slot columns included) one
+/// [`Table::reserve`](super::Table::reserve) backs with memory ahead of the
+/// inserts: 1 GiB (1.3M rows of dim 64 with two slot columns).
+pub const PREFAULT_MAX_BYTES: u64 = 1 << 30;
 const LOCKED: u64 = 1;
 const LIVE: u64 = 2;
 const VERSION_STEP: u64 = 4;
@@ -140,6 +144,31 @@ impl Column {
         let array = try_zeroed_slice(words, 64).ok_or(words.saturating_mul(8))?;
         let _ = self.segments[segment].set(array);
         Ok(())
+    }
+
+    /// Allocates the segments of `rows` and backs their words with memory
+    /// now (see [`ZeroedSlice::populate`]), so that the first writes to
+    /// those rows find their pages ready. Stops early, without an error, if
+    /// the system refuses memory: the rows' writers then allocate, or fail,
+    /// as they would have.
+    fn prefault(&self, rows: std::ops::Range<u64>) {
+        let mut row = rows.start;
+        while row < rows.end {
+            if self.try_ensure(row).is_err() {
+                return;
+            }
+            let (segment, offset) = Self::locate(row);
+            let Some(words) = self.segments[segment].get() else {
+                return;
+            };
+            let segment_rows = words.len() / self.words_per_row;
+            let left = usize::try_from(rows.end - row).unwrap_or(usize::MAX);
+            let end = segment_rows.min(offset.saturating_add(left));
+            if !words.populate(offset * self.words_per_row..end * self.words_per_row) {
+                return;
+            }
+            row += (end - offset) as u64;
+        }
     }
 
     /// The words of `row`, or `None` if its segment is not allocated yet (a
@@ -371,6 +400,24 @@ impl RowStore {
             .map(|slot| self.slot(slot).column.memory_bytes(rows))
             .sum::<usize>()
             + self.main.memory_bytes(rows)
+    }
+
+    /// Backs the next `rows` fresh row ids (from the high-water mark on)
+    /// with memory now, in the main column and every slot column: see
+    /// [`Table::reserve`](super::table::Table::reserve).
+    /// At most [`PREFAULT_MAX_BYTES`] are backed.
+    pub(crate) fn prefault(&self, rows: u64) {
+        let slot_columns = || (0..self.slot_count()).map(|slot| &self.slot(slot).column);
+        let row_bytes: usize = std::iter::once(&self.main)
+            .chain(slot_columns())
+            .map(|column| column.words_per_row * 8)
+            .sum();
+        let rows = rows.min(PREFAULT_MAX_BYTES / row_bytes as u64);
+        let start = self.high_water();
+        let end = start.saturating_add(rows).min(MAX_ROWS);
+        for column in std::iter::once(&self.main).chain(slot_columns()) {
+            column.prefault(start..end);
+        }
     }
 
     /// Address and size of a row, for prefetching.

@@ -88,6 +88,44 @@ impl<T> ZeroedSlice<T> {
     }
 }
 
+impl<T> ZeroedSlice<T> {
+    /// Backs elements `range` (clamped to the array) with memory now, as
+    /// the first write to each of their pages would, without changing a
+    /// value: on Linux, for a mapped array, `madvise(MADV_POPULATE_WRITE)`
+    /// (the kernel zeroes the pages here instead of in the writer that
+    /// touches them first). Elsewhere, and for arrays from the allocator
+    /// (small, or backed on allocation), nothing. Returns false only if the
+    /// system refused (out of memory, or a kernel older than 5.14).
+    pub(crate) fn populate(&self, range: std::ops::Range<usize>) -> bool {
+        let end = range.end.min(self.len);
+        if range.start >= end {
+            return true;
+        }
+        #[cfg(all(target_os = "linux", not(miri), not(loom)))]
+        if let Backing::Mapped { .. } = self.backing {
+            const PAGE: usize = 4096;
+            let size = std::mem::size_of::<T>();
+            let first = (self.ptr.as_ptr() as usize + range.start * size) & !(PAGE - 1);
+            let last = (self.ptr.as_ptr() as usize + end * size).next_multiple_of(PAGE);
+            // SAFETY: `first..last` lies inside the mapping: the array starts
+            // on a 2 MiB boundary inside it, rounding the start down stays at
+            // or after that boundary, and rounding the end up to a 4 KiB page
+            // stays inside the mapping's 2 MiB of slack beyond the array (see
+            // `map_huge`). MADV_POPULATE_WRITE only faults pages in; it never
+            // changes their contents, so concurrent atomic accesses to the
+            // values are unaffected.
+            return unsafe {
+                libc::madvise(
+                    first as *mut libc::c_void,
+                    last - first,
+                    libc::MADV_POPULATE_WRITE,
+                )
+            } == 0;
+        }
+        true
+    }
+}
+
 impl<T> Drop for ZeroedSlice<T> {
     fn drop(&mut self) {
         // The element types (atomics) need no drop of their own.

@@ -1,0 +1,86 @@
+//! `Variable::reserve` backs the rows it makes room for with memory, so
+//! that the inserts that follow find their pages ready, and backs no more
+//! than its bound. Linux only (`MADV_POPULATE_WRITE`, kernel 5.14 or later),
+//! and a test binary of its own: the checks read the process's resident
+//! size, which no other test may move meanwhile.
+#![cfg(target_os = "linux")]
+
+use dynemb::{Initializer, Variable};
+
+/// The process's resident memory in bytes (`VmRSS`).
+fn resident_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status
+        .lines()
+        .find(|line| line.starts_with("VmRSS:"))
+        .unwrap();
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    kib * 1024
+}
+
+fn variable(dim: usize) -> Variable<i64> {
+    let var = Variable::<i64>::builder("reserved")
+        .dim(dim)
+        .initializer(Initializer::Constant(0.5))
+        .build()
+        .unwrap();
+    // Adam's two slot columns: reserve backs their rows too.
+    var.create_slot("m", 0.0).unwrap();
+    var.create_slot("v", 0.0).unwrap();
+    var
+}
+
+#[test]
+fn reserve_backs_the_new_rows_with_memory_up_to_its_bound() {
+    const DIM: usize = 64;
+    // Bytes per row: two header words and 32 value words, and 32 words in
+    // each slot column.
+    const ROW_BYTES: u64 = (2 + 32 + 2 * 32) * 8;
+    const ROWS: usize = 200_000;
+    let var = variable(DIM);
+    let first: Vec<i64> = (0..1_000).collect();
+    let mut out = vec![0.0; first.len() * DIM];
+    var.lookup_or_insert(&first, &mut out).unwrap();
+
+    let before = resident_bytes();
+    var.reserve(ROWS);
+    let reserved = resident_bytes() - before;
+    let expected = ROWS as u64 * ROW_BYTES;
+    assert!(
+        reserved >= expected * 9 / 10,
+        "reserve({ROWS}) backed {reserved} bytes, expected about {expected}"
+    );
+    assert_eq!(var.size(), first.len(), "reserve inserts nothing");
+
+    // The inserts then find their rows' pages backed already.
+    let keys: Vec<i64> = (1_000..1_000 + ROWS as i64).collect();
+    // Written before measuring, so its own pages count before the inserts.
+    let mut out = vec![1.0; keys.len() * DIM];
+    let before_inserts = resident_bytes();
+    var.lookup_or_insert(&keys, &mut out).unwrap();
+    let grown = resident_bytes().saturating_sub(before_inserts);
+    assert!(
+        grown < expected / 4,
+        "inserting {ROWS} reserved rows grew the process by {grown} bytes"
+    );
+    assert!(out.iter().all(|&v| v == 0.5));
+    assert_eq!(var.size(), first.len() + ROWS);
+
+    // A reserve far beyond memory backs at most 1 GiB of rows (and a
+    // 2 MiB page per column of rounding), and changes nothing.
+    let before_huge = resident_bytes();
+    var.reserve(usize::MAX);
+    let huge = resident_bytes().saturating_sub(before_huge);
+    assert!(
+        huge <= (1 << 30) + (3 << 21) + (64 << 20),
+        "reserve(usize::MAX) backed {huge} bytes"
+    );
+    assert_eq!(var.size(), first.len() + ROWS);
+    let mut row = vec![0.0; DIM];
+    var.lookup(&[7], &mut row).unwrap();
+    assert!(row.iter().all(|&v| v == 0.5));
+}
