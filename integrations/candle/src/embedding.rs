@@ -15,7 +15,12 @@
 //!   backward split over threads). The keys and the variable are
 //!   recorded ([`crate::record`]) for [`SparseStep`](crate::SparseStep),
 //!   which applies the variable's gradient after `loss.backward()`; each
-//!   call records one batch.
+//!   call records one batch. After the read, the store is asked, on a
+//!   low-priority thread of its own, to make room for as many new keys as
+//!   the batch had distinct keys (`EmbeddingStore::reserve`: for a
+//!   `Variable`, index growth and the kernel's zeroing of fresh row pages
+//!   happen while the model computes, not in the next batch's read). This
+//!   is why the layers need a `'static` store, as training steps do anyway.
 //! - **inference** ([`Embedding::forward_inference`]): the same, read with
 //!   `lookup` into a plain tensor: no variable, no insert, nothing
 //!   recorded. A missing id reads the initializer's row, the very values a
@@ -96,12 +101,12 @@ impl<S: EmbeddingStore> std::fmt::Debug for Embedding<S> {
     }
 }
 
-impl<S: EmbeddingStore> Embedding<S>
+impl<S: EmbeddingStore + 'static> Embedding<S>
 where
     S::Key: IdKey,
 {
     /// A layer reading `store` (share one store between layers by cloning
-    /// its `Arc`). An [`Error::InvalidInput`](crate::Error::InvalidInput)
+    /// its `Arc`). An [`Error::InvalidInput`]
     /// for a store of dim 0, a `max_norm` that is not finite and above 0 or
     /// a regularizer weight that is not finite and non-negative.
     pub fn new(store: Arc<S>, config: EmbeddingConfig) -> Result<Self> {
@@ -241,7 +246,7 @@ where
     }
 }
 
-impl<S: EmbeddingStore> ModuleT for Embedding<S>
+impl<S: EmbeddingStore + 'static> ModuleT for Embedding<S>
 where
     S::Key: IdKey,
 {

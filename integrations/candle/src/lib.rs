@@ -63,6 +63,7 @@ pub mod max_norm;
 pub mod parallel;
 pub mod record;
 pub mod regularizer;
+mod reserve_ahead;
 pub mod rows;
 pub mod step;
 mod threads;

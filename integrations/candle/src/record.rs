@@ -30,6 +30,7 @@ use dynemb_optim::Rule;
 
 use crate::max_norm::check_max_norm;
 use crate::regularizer::Regularizer;
+use crate::reserve_ahead::ReserveAhead;
 use crate::rows::train_rows;
 use crate::step::SparseGrads;
 use crate::{Error, Result};
@@ -60,6 +61,7 @@ impl<K> RecordedBatch<K> {
 pub struct Recorder<S: EmbeddingStore> {
     store: Arc<S>,
     batches: Mutex<Vec<RecordedBatch<S::Key>>>,
+    pub(crate) reserve_ahead: ReserveAhead,
 }
 
 impl<S: EmbeddingStore> std::fmt::Debug for Recorder<S> {
@@ -77,6 +79,7 @@ impl<S: EmbeddingStore> Recorder<S> {
         Recorder {
             store,
             batches: Mutex::new(Vec::new()),
+            reserve_ahead: ReserveAhead::default(),
         }
     }
 
@@ -111,14 +114,6 @@ impl<S: EmbeddingStore> Recorder<S> {
 
     fn batches(&self) -> MutexGuard<'_, Vec<RecordedBatch<S::Key>>> {
         self.batches.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Reads the rows of the distinct `keys` for training (inserting
-    /// missing keys) into a fresh variable `[keys.len(), dim]` on `device`.
-    /// The variable is not recorded yet: call [`Recorder::record`] with it
-    /// once the forward has succeeded.
-    pub fn read(&self, keys: &[S::Key], device: &Device) -> Result<Var> {
-        train_rows(&*self.store, keys, device)
     }
 
     /// Records a batch: its distinct `keys` and the variable `rows` read
@@ -198,6 +193,20 @@ impl<S: EmbeddingStore> Recorder<S> {
 }
 
 impl<S: EmbeddingStore + 'static> Recorder<S> {
+    /// Reads the rows of the distinct `keys` for training (inserting
+    /// missing keys) into a fresh variable `[keys.len(), dim]` on `device`.
+    /// The variable is not recorded yet: call [`Recorder::record`] with it
+    /// once the forward has succeeded. Then asks the store, on a thread of
+    /// its own, to make room for as many new keys as `keys` holds, ready
+    /// for the next batch ([`EmbeddingStore::reserve`]; at most one such
+    /// request of a recorder runs at once, and none for a store that is not
+    /// [`cpu_bound`](EmbeddingStore::cpu_bound)).
+    pub fn read(&self, keys: &[S::Key], device: &Device) -> Result<Var> {
+        let rows = train_rows(&*self.store, keys, device)?;
+        self.reserve_ahead.request(&self.store, keys.len());
+        Ok(rows)
+    }
+
     /// Adds each recorded batch's keys and gradient to `into`. An
     /// [`Error::InvalidInput`] naming the batch if `grads` has no gradient
     /// for its variable (its rows did not reach the loss, or `grads` comes

@@ -67,7 +67,7 @@ pub struct CtrModel<T: EmbeddingStore<Key = i64>> {
     fields: usize,
 }
 
-impl<T: EmbeddingStore<Key = i64>> CtrModel<T> {
+impl<T: EmbeddingStore<Key = i64> + 'static> CtrModel<T> {
     /// A model over `table` for samples of `fields` ids; the MLP's weights
     /// come from `vb` (new ones from a `VarMap`, or loaded).
     pub fn new(table: Arc<T>, vb: VarBuilder, fields: usize) -> dynemb_candle::Result<Self> {
