@@ -69,12 +69,13 @@ pub trait EmbeddingStore: Send + Sync {
     }
 
     /// A hint that about `additional` keys not yet in the store may be
-    /// inserted soon: a store may make room for them now (grow its index,
-    /// back its rows with memory), so that the inserts do not pay for it.
-    /// It never changes what the store holds; callers may run it on another
-    /// thread while they compute. [`Variable`] does
-    /// [`Variable::reserve`]; the default does nothing.
-    fn reserve(&self, additional: usize) {
+    /// inserted soon: a store may back the rows they will take with memory
+    /// now, so that the inserts do not pay for it. It never changes what
+    /// the store holds, and other callers never wait long for it, so
+    /// callers may run it on a low-priority thread while they compute.
+    /// [`Variable`] does [`Variable::reserve_rows`]; the default does
+    /// nothing.
+    fn reserve_rows(&self, additional: usize) {
         let _ = additional;
     }
 
@@ -136,8 +137,8 @@ impl<K: Key> EmbeddingStore for Variable<K> {
     fn lookup_or_insert(&self, keys: &[K], out: &mut [f32]) -> Result<()> {
         Variable::lookup_or_insert(self, keys, out)
     }
-    fn reserve(&self, additional: usize) {
-        Variable::reserve(self, additional)
+    fn reserve_rows(&self, additional: usize) {
+        Variable::reserve_rows(self, additional)
     }
     fn create_slot(&self, name: &str, initial: f32) -> Result<SlotId> {
         Variable::create_slot(self, name, initial)

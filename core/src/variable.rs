@@ -571,22 +571,44 @@ impl<K: Key> Variable<K> {
     }
 
     /// Makes room for about `additional` more keys (spread evenly over the
-    /// shards), so that inserting them neither resizes an index again and
-    /// again nor waits for fresh memory: each shard's index grows now, once,
-    /// if it must, and the rows the new keys will take are backed with
-    /// memory now (up to 1 GiB of rows per shard; rows of removed keys
-    /// waiting for reuse count as room).
-    ///
-    /// Like `HashMap::reserve`, but a hint that never fails: memory that
-    /// cannot be had is left to the inserts, and the table's contents never
-    /// change. Other threads keep reading and writing meanwhile, so a
-    /// trainer can call it on a spare thread while its model computes, as
-    /// `dynemb-candle`'s layers do after each training read (see
-    /// [`EmbeddingStore::reserve`](crate::EmbeddingStore::reserve)).
+    /// shards), like `HashMap::reserve`: each shard's index grows now, once,
+    /// if it must (instead of doubling again and again as the keys arrive),
+    /// and the rows the new keys will take are backed with memory now
+    /// ([`Variable::reserve_rows`]). A hint that never fails and never
+    /// changes what the variable holds; other threads keep reading and
+    /// writing meanwhile. Growing an index migrates it on the calling
+    /// thread, and writers meeting the migration wait for it: call it at
+    /// normal priority.
     pub fn reserve(&self, additional: usize) {
         let per_shard = additional.div_ceil(self.num_shards());
         for table in &self.inner.shards {
             table.reserve(per_shard);
+        }
+        self.reserve_rows(additional);
+    }
+
+    /// Backs the rows that about `additional` new keys will take with
+    /// memory now (on Linux 5.14 or later; elsewhere it does nothing), so
+    /// that inserting them does not wait for the kernel to zero fresh pages
+    /// under a row lock: the fresh rows beyond those the variable holds
+    /// unused (removed keys' rows waiting for reuse), with their slot rows,
+    /// at most 1 GiB in all (split over the shards).
+    ///
+    /// It takes no row and changes no value, and other callers wait for it
+    /// only briefly (the kernel's locks, a page at a time, and the mapping
+    /// of a new row segment), so a trainer can run it on a low-priority
+    /// thread while its model computes, as
+    /// `dynemb-candle`'s layers do after each training read
+    /// ([`EmbeddingStore::reserve_rows`](crate::EmbeddingStore::reserve_rows)).
+    /// The memory is committed as by a write: under a memory limit it can
+    /// fail as any allocation would. [`Variable::memory_bytes`] counts these
+    /// rows once they are handed out.
+    pub fn reserve_rows(&self, additional: usize) {
+        let shards = self.num_shards();
+        let per_shard = additional.div_ceil(shards);
+        let max_bytes = crate::raw::PREFAULT_MAX_BYTES / shards as u64;
+        for table in &self.inner.shards {
+            table.reserve_rows(per_shard, max_bytes);
         }
     }
 

@@ -74,8 +74,9 @@ const SCORE_WORD: usize = 2;
 /// needs three.
 pub const MAX_SLOTS: usize = 8;
 /// Most bytes of rows (slot columns included) one
-/// [`Table::reserve`](super::Table::reserve) backs with memory ahead of the
-/// inserts: 1 GiB (1.3M rows of dim 64 with two slot columns).
+/// [`Table::reserve_rows`](super::Table::reserve_rows) backs with memory
+/// ahead of the inserts: 1 GiB (1.3M rows of dim 64 with two slot columns).
+/// A variable's `reserve` splits it over its shards.
 pub const PREFAULT_MAX_BYTES: u64 = 1 << 30;
 const LOCKED: u64 = 1;
 const LIVE: u64 = 2;
@@ -404,15 +405,15 @@ impl RowStore {
 
     /// Backs the next `rows` fresh row ids (from the high-water mark on)
     /// with memory now, in the main column and every slot column: see
-    /// [`Table::reserve`](super::table::Table::reserve).
-    /// At most [`PREFAULT_MAX_BYTES`] are backed.
-    pub(crate) fn prefault(&self, rows: u64) {
+    /// [`Table::reserve_rows`](super::table::Table::reserve_rows).
+    /// At most `max_bytes` (and at most [`PREFAULT_MAX_BYTES`]) are backed.
+    pub(crate) fn prefault(&self, rows: u64, max_bytes: u64) {
         let slot_columns = || (0..self.slot_count()).map(|slot| &self.slot(slot).column);
         let row_bytes: usize = std::iter::once(&self.main)
             .chain(slot_columns())
             .map(|column| column.words_per_row * 8)
             .sum();
-        let rows = rows.min(PREFAULT_MAX_BYTES / row_bytes as u64);
+        let rows = rows.min(max_bytes.min(PREFAULT_MAX_BYTES) / row_bytes as u64);
         let start = self.high_water();
         let end = start.saturating_add(rows).min(MAX_ROWS);
         for column in std::iter::once(&self.main).chain(slot_columns()) {

@@ -518,34 +518,16 @@ impl Table {
         }
     }
 
-    /// Makes room for `additional` more keys, so that inserting them neither
-    /// resizes the index again and again nor waits for fresh memory:
-    ///
-    /// - the index grows now, once (one migration instead of several as the
-    ///   keys arrive), if `len + additional` keys would not fit under its
-    ///   load limit; it at least doubles, as growth on insert does;
-    /// - the rows the new keys will take are backed with memory now: the
-    ///   fresh row ids beyond those the table already holds free (at most
-    ///   [`PREFAULT_MAX_BYTES`](super::PREFAULT_MAX_BYTES) of them), in the
-    ///   main column and every slot column.
-    ///   The kernel zeroes their pages here rather than under the first
-    ///   insert's row lock. The table's own memory figure counts these
-    ///   rows only once they are handed out.
-    ///
-    /// Other threads keep working meanwhile, so a trainer can call it on a
-    /// spare thread while its model computes. A hint: room for more than a
-    /// table can hold (`MAX_ROWS`) is not made, and if memory cannot be
-    /// had, the rest is left to the inserts, as without the call.
+    /// Makes room for `additional` more keys, so that inserting them does
+    /// not resize the index again and again (one migration now instead of
+    /// several as the keys arrive; it at least doubles, as growth on insert
+    /// does). Other threads keep working meanwhile, but the caller migrates
+    /// the index, and writers that meet the migration wait for the chunks it
+    /// claimed: call it at normal priority. A hint: room for more than a
+    /// table can hold (`MAX_ROWS`) is not made, and if the memory for the
+    /// larger index cannot be had nothing happens (the index grows as keys
+    /// arrive).
     pub fn reserve(&self, additional: usize) {
-        self.reserve_index(additional);
-        let handed_out = self.rows.high_water();
-        let unused = handed_out.saturating_sub(self.len() as u64);
-        let fresh = (additional as u64).saturating_sub(unused);
-        self.rows.prefault(fresh);
-    }
-
-    /// The index half of [`Table::reserve`].
-    fn reserve_index(&self, additional: usize) {
         let guard = self.epoch.pin();
         let index = self.index.load(Ordering::Acquire, &guard);
         // SAFETY: loaded under `guard` (see `Writer::index`).
@@ -560,6 +542,27 @@ impl Table {
         };
         self.grow(index, Some(prepared));
         self.help_migrate(index, &guard);
+    }
+
+    /// Backs the rows that `additional` new keys will take with memory now,
+    /// so that their inserts do not wait for the kernel to zero fresh pages
+    /// under their row locks: the fresh row ids beyond the rows the table
+    /// already holds unused (removed keys' rows waiting for reuse), in the
+    /// main column and every slot column, at most `max_bytes` of them (and
+    /// at most [`PREFAULT_MAX_BYTES`](super::PREFAULT_MAX_BYTES)).
+    ///
+    /// It takes no row and changes no value, and other threads wait for it
+    /// only briefly (the kernel's locks, a page at a time, and the segment
+    /// allocation lock while it maps a new row segment), so it may run on a
+    /// low-priority thread while others read and write. The memory
+    /// is committed as by any write: under a memory limit, backing it can
+    /// fail as an allocation would. The table's memory figure counts these
+    /// rows only once they are handed out.
+    pub fn reserve_rows(&self, additional: usize, max_bytes: u64) {
+        let handed_out = self.rows.high_water();
+        let unused = handed_out.saturating_sub(self.len() as u64);
+        let fresh = (additional as u64).saturating_sub(unused);
+        self.rows.prefault(fresh, max_bytes);
     }
 
     /// Copies the rows of `keys` into `out`. Missing keys get `on_miss(i,

@@ -103,17 +103,24 @@ impl<T> ZeroedSlice<T> {
         }
         #[cfg(all(target_os = "linux", not(miri), not(loom)))]
         if let Backing::Mapped { .. } = self.backing {
-            const PAGE: usize = 4096;
+            // SAFETY: sysconf only reads a system constant.
+            let page = match usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }) {
+                Ok(page) if page.is_power_of_two() => page,
+                _ => return false,
+            };
             let size = std::mem::size_of::<T>();
-            let first = (self.ptr.as_ptr() as usize + range.start * size) & !(PAGE - 1);
-            let last = (self.ptr.as_ptr() as usize + end * size).next_multiple_of(PAGE);
-            // SAFETY: `first..last` lies inside the mapping: the array starts
-            // on a 2 MiB boundary inside it, rounding the start down stays at
-            // or after that boundary, and rounding the end up to a 4 KiB page
-            // stays inside the mapping's 2 MiB of slack beyond the array (see
-            // `map_huge`). MADV_POPULATE_WRITE only faults pages in; it never
-            // changes their contents, so concurrent atomic accesses to the
-            // values are unaffected.
+            let first = (self.ptr.as_ptr() as usize + range.start * size) & !(page - 1);
+            let last = (self.ptr.as_ptr() as usize + end * size).next_multiple_of(page);
+            // SAFETY: `first..last` lies inside the mapping. `map_huge` maps
+            // `base .. base + bytes + 2 MiB` and places the array at `base +
+            // skew`, a 2 MiB boundary, where `skew` is a multiple of the page
+            // size (`base` is page-aligned) below 2 MiB, so at most 2 MiB
+            // minus a page. Rounding the start down to a page stays at or
+            // after the array's start; the end rounded up to a page is at
+            // most `skew + bytes + page - 1 < bytes + 2 MiB` past `base`.
+            // MADV_POPULATE_WRITE only faults pages in: it never changes
+            // their contents, so concurrent atomic accesses to the values
+            // are unaffected.
             return unsafe {
                 libc::madvise(
                     first as *mut libc::c_void,

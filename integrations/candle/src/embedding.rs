@@ -62,7 +62,7 @@ use crate::unique::Dedup;
 use crate::{Error, IdKey, Ids, Result};
 
 /// The settings of an [`Embedding`]. `Default`: on the CPU, no
-/// `max_norm`, no regularizer.
+/// `max_norm`, no regularizer, rows reserved ahead.
 #[derive(Debug, Clone)]
 pub struct EmbeddingConfig {
     /// Where the output (and the trained rows' variables) live.
@@ -72,6 +72,12 @@ pub struct EmbeddingConfig {
     /// Penalty on the rows training batches read; see
     /// [`Embedding::regularization_loss`].
     pub regularizer: Option<Regularizer>,
+    /// After each training read, back the rows of as many new keys as the
+    /// batch had distinct keys with memory, on a low-priority thread
+    /// ([`crate::record`]; default `true`). Turn it off to keep every
+    /// page the table touches to the inserts themselves, or to start no
+    /// thread per training forward.
+    pub reserve_rows_ahead: bool,
 }
 
 impl Default for EmbeddingConfig {
@@ -80,6 +86,7 @@ impl Default for EmbeddingConfig {
             device: Device::Cpu,
             max_norm: None,
             regularizer: None,
+            reserve_rows_ahead: true,
         }
     }
 }
@@ -111,7 +118,8 @@ where
     /// a regularizer weight that is not finite and non-negative.
     pub fn new(store: Arc<S>, config: EmbeddingConfig) -> Result<Self> {
         Ok(Embedding {
-            recorder: Recorder::for_layer(store, config.max_norm, config.regularizer.as_ref())?,
+            recorder: Recorder::for_layer(store, config.max_norm, config.regularizer.as_ref())?
+                .reserve_rows_ahead(config.reserve_rows_ahead),
             config,
         })
     }

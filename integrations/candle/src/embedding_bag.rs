@@ -137,7 +137,7 @@ use crate::{
 
 /// The settings of an [`EmbeddingBag`] whose table has keys of type `K`.
 /// `Default`: on the CPU, [`Combiner::Mean`] (TensorFlow's default), no
-/// `max_norm`, no `default_id`, no regularizer.
+/// `max_norm`, no `default_id`, no regularizer, rows reserved ahead.
 #[derive(Debug, Clone)]
 pub struct EmbeddingBagConfig<K> {
     /// Where the output (and the trained rows' variables) live.
@@ -156,6 +156,9 @@ pub struct EmbeddingBagConfig<K> {
     /// Penalty on the rows training batches read; see
     /// [`EmbeddingBag::regularization_loss`].
     pub regularizer: Option<Regularizer>,
+    /// As [`EmbeddingConfig::reserve_rows_ahead`](crate::EmbeddingConfig::reserve_rows_ahead)
+    /// (default `true`).
+    pub reserve_rows_ahead: bool,
 }
 
 impl<K> Default for EmbeddingBagConfig<K> {
@@ -166,6 +169,7 @@ impl<K> Default for EmbeddingBagConfig<K> {
             max_norm: None,
             default_id: None,
             regularizer: None,
+            reserve_rows_ahead: true,
         }
     }
 }
@@ -198,7 +202,8 @@ where
     /// that is not finite and non-negative.
     pub fn new(store: Arc<S>, config: EmbeddingBagConfig<S::Key>) -> Result<Self> {
         Ok(EmbeddingBag {
-            recorder: Recorder::for_layer(store, config.max_norm, config.regularizer.as_ref())?,
+            recorder: Recorder::for_layer(store, config.max_norm, config.regularizer.as_ref())?
+                .reserve_rows_ahead(config.reserve_rows_ahead),
             config,
         })
     }

@@ -61,7 +61,8 @@ impl<K> RecordedBatch<K> {
 pub struct Recorder<S: EmbeddingStore> {
     store: Arc<S>,
     batches: Mutex<Vec<RecordedBatch<S::Key>>>,
-    pub(crate) reserve_ahead: ReserveAhead,
+    /// Background `reserve_rows` requests, when on.
+    pub(crate) reserve_ahead: Option<ReserveAhead>,
 }
 
 impl<S: EmbeddingStore> std::fmt::Debug for Recorder<S> {
@@ -79,7 +80,7 @@ impl<S: EmbeddingStore> Recorder<S> {
         Recorder {
             store,
             batches: Mutex::new(Vec::new()),
-            reserve_ahead: ReserveAhead::default(),
+            reserve_ahead: Some(ReserveAhead::default()),
         }
     }
 
@@ -105,6 +106,14 @@ impl<S: EmbeddingStore> Recorder<S> {
             regularizer.validate()?;
         }
         Ok(Self::new(store))
+    }
+
+    /// Whether [`Recorder::read`] asks the store to back the next batch's
+    /// rows with memory ahead, on a low-priority thread (on by default; see
+    /// [`EmbeddingConfig::reserve_rows_ahead`](crate::EmbeddingConfig::reserve_rows_ahead)).
+    pub fn reserve_rows_ahead(mut self, on: bool) -> Self {
+        self.reserve_ahead = on.then(ReserveAhead::default);
+        self
     }
 
     /// The store the batches read.
@@ -196,14 +205,18 @@ impl<S: EmbeddingStore + 'static> Recorder<S> {
     /// Reads the rows of the distinct `keys` for training (inserting
     /// missing keys) into a fresh variable `[keys.len(), dim]` on `device`.
     /// The variable is not recorded yet: call [`Recorder::record`] with it
-    /// once the forward has succeeded. Then asks the store, on a thread of
-    /// its own, to make room for as many new keys as `keys` holds, ready
-    /// for the next batch ([`EmbeddingStore::reserve`]; at most one such
-    /// request of a recorder runs at once, and none for a store that is not
+    /// once the forward has succeeded. Then, unless turned off
+    /// ([`Recorder::reserve_rows_ahead`]), asks the store on a low-priority
+    /// thread of its own to back the rows of as many new keys as `keys`
+    /// holds with memory, ready for the next batch
+    /// ([`EmbeddingStore::reserve_rows`]; at most one such request of a
+    /// recorder runs at once, and none for a store that is not
     /// [`cpu_bound`](EmbeddingStore::cpu_bound)).
     pub fn read(&self, keys: &[S::Key], device: &Device) -> Result<Var> {
         let rows = train_rows(&*self.store, keys, device)?;
-        self.reserve_ahead.request(&self.store, keys.len());
+        if let Some(reserve_ahead) = &self.reserve_ahead {
+            reserve_ahead.request(&self.store, keys.len());
+        }
         Ok(rows)
     }
 

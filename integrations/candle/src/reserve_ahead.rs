@@ -1,36 +1,45 @@
-//! Room for the next batch's new keys, made while the model computes.
+//! Memory for the next batch's new rows, backed while the model computes.
 //!
-//! After a training read, a layer asks its store to make room for as many
-//! new keys as the batch had distinct keys ([`EmbeddingStore::reserve`]):
-//! for a [`dynemb::Variable`], the index grows now if the next batch could
-//! make it grow, and the fresh rows the next batch's new keys will take are
-//! backed with memory now. The request runs on a thread of its own, so that
-//! this work (the kernel zeroing fresh pages, the index migration) happens
-//! while the rest of the model's step runs, rather than inside the next
-//! training read. On a small machine candle's matrix products leave a core
-//! idle much of the step, which is where it goes; on a busy one it costs
-//! what the inserts would have spent anyway.
+//! After a training read, a layer asks its store to back the rows of as
+//! many new keys as the batch had distinct keys with memory
+//! ([`EmbeddingStore::reserve_rows`]; for a [`dynemb::Variable`], on Linux,
+//! the fresh rows beyond those it holds unused, with their slot rows). The
+//! request runs on a thread of its own at Linux's `SCHED_IDLE` priority, so
+//! that the kernel zeroes those pages on a core nothing else wants, while
+//! the rest of the step runs, rather than under the next batch's row locks.
+//! On a small machine candle's matrix products leave a core idle for much
+//! of an MLP's step, which is where this goes. Where no core is idle (or
+//! off Linux, where the thread runs at normal priority) the pages cost what
+//! the inserts would have spent on them, at a different time. It backs at
+//! most one batch's distinct rows ahead of the table's newest row, whether
+//! or not their keys turn out new.
 //!
-//! Invariants: a request never changes what the store holds (`reserve` is a
-//! hint, and the store serves reads and writes meanwhile); at most one
+//! Only `reserve_rows` runs at that priority: it makes no other thread wait
+//! on it for long. A variable's index growth does not belong there (writers
+//! meeting a migration wait for the thread that claimed its chunks), so it
+//! stays with the inserts.
+//!
+//! Invariants: a request never changes what the store holds; at most one
 //! request per layer runs at once (one made while the previous still runs
-//! is dropped: that one is still making room); stores that are not
-//! [`cpu_bound`](EmbeddingStore::cpu_bound) get no request (a remote store
-//! grows on its servers).
+//! is dropped: that one is still backing rows); stores that are not
+//! [`cpu_bound`](EmbeddingStore::cpu_bound) get no request. A running
+//! request holds a clone of the store's `Arc` until it ends. Layers turn
+//! this off with `reserve_rows_ahead: false` in their config.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
 use dynemb::EmbeddingStore;
 
-/// A layer's background `reserve` requests; see the [module docs](self).
+/// A layer's background `reserve_rows` requests; see the
+/// [module docs](self).
 #[derive(Default)]
 pub(crate) struct ReserveAhead {
     running: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl ReserveAhead {
-    /// Asks `store` to make room for `additional` more keys on a thread of
+    /// Asks `store` to back the rows of `additional` new keys on a thread of
     /// its own, unless a previous request still runs.
     pub(crate) fn request<S: EmbeddingStore + 'static>(&self, store: &Arc<S>, additional: usize) {
         if additional == 0 || !store.cpu_bound() {
@@ -41,12 +50,12 @@ impl ReserveAhead {
             return;
         }
         let store = Arc::clone(store);
-        // A thread that cannot be started only means no room is made ahead.
+        // A thread that cannot be started only means no rows are backed ahead.
         *running = std::thread::Builder::new()
             .name("dynemb-reserve".into())
             .spawn(move || {
                 run_when_idle();
-                store.reserve(additional);
+                store.reserve_rows(additional);
             })
             .ok();
     }
@@ -63,10 +72,9 @@ impl ReserveAhead {
     }
 }
 
-/// Gives the calling thread Linux's `SCHED_IDLE` policy: it then runs only
-/// on a core nothing else wants, so the room it makes costs the training
-/// threads no time. Where that cannot be set, it runs as an ordinary
-/// thread.
+/// Gives the calling thread Linux's `SCHED_IDLE` policy: it then runs on a
+/// core only when nothing else wants it. Where that cannot be set, it runs
+/// as an ordinary thread.
 fn run_when_idle() {
     #[cfg(target_os = "linux")]
     {
@@ -94,8 +102,8 @@ mod tests {
     use super::*;
     use crate::record::Recorder;
 
-    /// A `Variable` whose `reserve` reports each call and then waits until
-    /// the test lets it finish.
+    /// A `Variable` whose `reserve_rows` reports each call and then waits
+    /// until the test lets it finish.
     struct Gated {
         inner: Variable<i64>,
         cpu_bound: bool,
@@ -122,11 +130,11 @@ mod tests {
         fn cpu_bound(&self) -> bool {
             self.cpu_bound
         }
-        fn reserve(&self, additional: usize) {
+        fn reserve_rows(&self, additional: usize) {
             self.calls.fetch_add(1, Ordering::SeqCst);
             let _ = self.entered.lock().unwrap().send(additional);
             let _ = self.release.lock().unwrap().recv();
-            self.inner.reserve(additional);
+            self.inner.reserve_rows(additional);
         }
         fn lookup(&self, keys: &[i64], out: &mut [f32]) -> dynemb::Result<()> {
             self.inner.lookup(keys, out)
@@ -154,7 +162,7 @@ mod tests {
         }
     }
 
-    /// A gated store, the channel its `reserve` calls report on, and the
+    /// A gated store, the channel its `reserve_rows` calls report on, and the
     /// sender that lets each call finish.
     fn gated(cpu_bound: bool) -> (Arc<Gated>, Receiver<usize>, Sender<()>) {
         let (entered, calls) = channel();
@@ -172,38 +180,43 @@ mod tests {
     const WAIT: Duration = Duration::from_secs(60);
 
     #[test]
-    fn a_training_read_asks_for_room_for_its_keys_one_request_at_a_time() {
+    fn a_training_read_asks_for_its_keys_rows_one_request_at_a_time() {
         let (store, calls, release) = gated(true);
         let recorder = Recorder::new(Arc::clone(&store));
         let device = Device::Cpu;
         let rows = recorder.read(&[4, 5, 6], &device).unwrap();
         assert_eq!(rows.dims(), [3, 2]);
-        assert_eq!(calls.recv_timeout(WAIT), Ok(3), "room for the batch's keys");
+        assert_eq!(calls.recv_timeout(WAIT), Ok(3), "rows for the batch's keys");
         // While that request runs, further reads make none.
         recorder.read(&[7], &device).unwrap();
         recorder.read(&[8, 9], &device).unwrap();
         release.send(()).unwrap();
-        assert!(recorder.reserve_ahead.finish());
+        assert!(recorder.reserve_ahead.as_ref().unwrap().finish());
         assert_eq!(store.calls.load(Ordering::SeqCst), 1);
         // Once it has finished, the next read makes one again.
         recorder.read(&[10, 11, 12, 13], &device).unwrap();
         assert_eq!(calls.recv_timeout(WAIT), Ok(4));
         release.send(()).unwrap();
-        assert!(recorder.reserve_ahead.finish());
-        assert_eq!(store.inner.size(), 10, "reserve inserts nothing");
+        assert!(recorder.reserve_ahead.as_ref().unwrap().finish());
+        assert_eq!(store.inner.size(), 10, "reserve_rows inserts nothing");
     }
 
     #[test]
-    fn no_request_for_an_empty_batch_or_a_store_that_is_not_cpu_bound() {
+    fn no_request_for_an_empty_batch_a_remote_store_or_when_turned_off() {
         let (remote, _calls, _release) = gated(false);
         let recorder = Recorder::new(Arc::clone(&remote));
         recorder.read(&[1, 2], &Device::Cpu).unwrap();
+        assert!(!recorder.reserve_ahead.as_ref().unwrap().finish());
+        assert_eq!(remote.calls.load(Ordering::SeqCst), 0);
+
         let (local, _calls, _release) = gated(true);
         let reserve_ahead = ReserveAhead::default();
         reserve_ahead.request(&local, 0);
-        assert!(!recorder.reserve_ahead.finish());
         assert!(!reserve_ahead.finish());
-        assert_eq!(remote.calls.load(Ordering::SeqCst), 0);
+        let off = Recorder::new(Arc::clone(&local)).reserve_rows_ahead(false);
+        off.read(&[1, 2], &Device::Cpu).unwrap();
+        assert!(off.reserve_ahead.is_none());
         assert_eq!(local.calls.load(Ordering::SeqCst), 0);
+        assert_eq!(local.inner.size(), 2);
     }
 }
