@@ -574,11 +574,13 @@ impl<K: Key> Variable<K> {
     /// shards), like `HashMap::reserve`: each shard's index grows now, once,
     /// if it must (instead of doubling again and again as the keys arrive),
     /// and the rows the new keys will take are backed with memory now
-    /// ([`Variable::reserve_rows`]). A hint that never fails and never
-    /// changes what the variable holds; other threads keep reading and
-    /// writing meanwhile. Growing an index migrates it on the calling
-    /// thread, and writers meeting the migration wait for it: call it at
-    /// normal priority.
+    /// ([`Variable::reserve_rows`]). A hint that returns no error and never
+    /// changes what the variable holds: an index larger than memory allows
+    /// is not made (the index grows as keys arrive, and if even the doubled
+    /// index cannot be had the process aborts, as growth on insert does).
+    /// Other threads keep reading and writing meanwhile. Growing an index
+    /// migrates it on the calling thread, and writers meeting the migration
+    /// wait for it: call it at normal priority.
     pub fn reserve(&self, additional: usize) {
         let per_shard = additional.div_ceil(self.num_shards());
         for table in &self.inner.shards {
