@@ -1085,6 +1085,41 @@ mod tests {
     use super::*;
 
     #[test]
+    fn reserve_rows_takes_no_row_and_changes_nothing() {
+        let n: u64 = if cfg!(miri) { 80 } else { 50_000 };
+        let table = Table::new(3, 0).unwrap();
+        let slot = table.add_slot(0.25).unwrap();
+        table
+            .upsert(&[1, 2], Positions::Dense, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+            .unwrap();
+        table.remove(&[2]);
+        let memory = table.memory_bytes();
+        let end = table.end_of_rows();
+        // Room for the new keys: segments mapped (and, on Linux, backed)
+        // beyond the rows in use, in the main and the slot column.
+        table.reserve_rows(n as usize, u64::MAX);
+        table.reserve_rows(usize::MAX, if cfg!(miri) { 1 << 14 } else { 1 << 20 });
+        assert_eq!(table.len(), 1);
+        assert_eq!(table.end_of_rows(), end, "no row handed out");
+        assert_eq!(table.memory_bytes(), memory, "rows count once handed out");
+        let keys: Vec<u64> = (10..10 + n).collect();
+        let values: Vec<f32> = (0..keys.len() * 3).map(|i| i as f32).collect();
+        table.upsert(&keys, Positions::Dense, &values).unwrap();
+        let mut out = vec![0.0; keys.len() * 3];
+        table
+            .lookup(&keys, Positions::Dense, &mut out, |_, _, _| {
+                unreachable!("present")
+            })
+            .unwrap();
+        assert_eq!(out, values);
+        let mut slots = vec![0.0; 6];
+        table
+            .lookup_slot(&[1, 10], Positions::Dense, slot, &mut slots)
+            .unwrap();
+        assert_eq!(slots, [0.25; 6], "slot rows read their initial value");
+    }
+
+    #[test]
     fn reserve_grows_once_so_inserts_do_not_resize() {
         let n: u64 = if cfg!(miri) { 200 } else { 10_000 };
         let table = Table::new(2, 0).unwrap();

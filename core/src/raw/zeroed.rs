@@ -299,6 +299,34 @@ mod tests {
     }
 
     #[test]
+    fn populating_a_range_keeps_every_value() {
+        // Large enough to be mapped (several 2 MiB pages), but for Miri.
+        let len = if cfg!(miri) { 4096 } else { 3 << 19 };
+        let words = super::zeroed_slice::<AtomicU64>(len, 64);
+        for (i, w) in words.iter().enumerate().step_by(511) {
+            w.store(i as u64 + 1, Ordering::Relaxed);
+        }
+        // Ranges that start and end mid-page, past the end, and empty.
+        for range in [10..700_000, 0..words.len(), 1_000_000..usize::MAX, 5..5] {
+            let populated = words.populate(range);
+            if cfg!(all(target_os = "linux", not(miri))) {
+                let release =
+                    std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+                let mut parts = release.split('.').map(|n| n.parse::<u32>().unwrap_or(0));
+                if (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (5, 14) {
+                    assert!(populated, "MADV_POPULATE_WRITE refused");
+                }
+            } else {
+                assert!(populated);
+            }
+        }
+        for (i, w) in words.iter().enumerate() {
+            let want = if i % 511 == 0 { i as u64 + 1 } else { 0 };
+            assert_eq!(w.load(Ordering::Relaxed), want, "word {i}");
+        }
+    }
+
+    #[test]
     fn slices_start_zeroed_and_are_writable() {
         // Small (heap) and large (mapped) sizes.
         for len in [0, 1, 1000, (4 << 20) / 16 + 3] {
