@@ -80,6 +80,10 @@ enum Op {
     LookupSlot(u8, Vec<u8>, Vec<u8>),
     LookupScores(Vec<u8>, Vec<u8>),
     Export,
+    /// Room for this many more keys while the other thread works:
+    /// `reserve` (index and rows) or, with `false`, `reserve_rows` only.
+    /// Changes nothing the model sees.
+    Reserve(u16, bool),
 }
 
 fuzz_target!(|case: Case| {
@@ -394,6 +398,13 @@ impl<K: FuzzKey> Worker<'_, K> {
                     }
                 }
             }
+            Op::Reserve(n, index_too) => {
+                if *index_too {
+                    self.var.reserve(usize::from(*n));
+                } else {
+                    self.var.reserve_rows(usize::from(*n));
+                }
+            }
             Op::Export => {
                 let (keys, values) = self.var.export().expect("export");
                 let mut seen: HashMap<u64, Vec<f32>> = HashMap::new();
@@ -554,7 +565,7 @@ fn too_large(op: &Op) -> bool {
             a.len() + b.len()
         }
         Op::LookupScores(a, b) => a.len() + b.len(),
-        Op::CreateSlot(_) | Op::Export => 0,
+        Op::CreateSlot(_) | Op::Export | Op::Reserve(..) => 0,
     };
     n > MAX_BATCH
 }
