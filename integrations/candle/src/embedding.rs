@@ -16,11 +16,12 @@
 //!   recorded ([`crate::record`]) for [`SparseStep`](crate::SparseStep),
 //!   which applies the variable's gradient after `loss.backward()`; each
 //!   call records one batch. After the read, the store is asked, on a
-//!   low-priority thread of its own, to make room for as many new keys as
-//!   the batch had distinct keys (`EmbeddingStore::reserve`: for a
-//!   `Variable`, index growth and the kernel's zeroing of fresh row pages
-//!   happen while the model computes, not in the next batch's read). This
-//!   is why the layers need a `'static` store, as training steps do anyway.
+//!   low-priority thread of its own, to back the rows of as many new keys
+//!   as the batch had distinct keys with memory
+//!   (`EmbeddingStore::reserve_rows`: for a `Variable`, the kernel zeroes
+//!   fresh row pages while the model computes, not in the next batch's
+//!   read; `reserve_rows_ahead: false` turns it off). This is why the
+//!   layers need a `'static` store, as training steps do anyway.
 //! - **inference** ([`Embedding::forward_inference`]): the same, read with
 //!   `lookup` into a plain tensor: no variable, no insert, nothing
 //!   recorded. A missing id reads the initializer's row, the very values a

@@ -38,8 +38,9 @@
 //!   kept entries grouped by bag, then `default_id` once per empty bag) are
 //!   deduplicated ([`Dedup`]); the distinct rows are read with
 //!   `lookup_or_insert` into one variable `[n_unique, dim]`
-//!   ([`Recorder::read`]: one store call, then room made ahead for the
-//!   next batch's new keys, as for [`Embedding`](crate::Embedding)), clipped, gathered per entry
+//!   ([`Recorder::read`]: one store call, then the next batch's rows
+//!   backed ahead, as for [`Embedding`](crate::Embedding)), clipped,
+//!   gathered per entry
 //!   ([`gather_rows`]), multiplied per entry by `w_j / divisor` (weights
 //!   only) and added into their bags (`index_add` into `[bags, dim]`
 //!   zeros; skipped when every bag holds one entry); without weights, mean
