@@ -594,7 +594,11 @@ impl<K: Key> Variable<K> {
     /// that inserting them does not wait for the kernel to zero fresh pages
     /// under a row lock: the fresh rows beyond those the variable holds
     /// unused (removed keys' rows waiting for reuse), with their slot rows,
-    /// at most 1 GiB in all (split over the shards).
+    /// 1 GiB of rows a call at most (split over the shards). Each column of
+    /// each shard is backed to the end of the page those rows end in: with
+    /// huge pages, up to 2 MiB more per column and shard, the page the next
+    /// inserts there would back anyway (so a call for one row of a wide
+    /// variable with many shards and slots can back a few MiB per shard).
     ///
     /// It takes no row and changes no value, and other callers wait for it
     /// only briefly (the kernel's locks, a page at a time, and the mapping

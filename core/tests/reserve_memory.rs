@@ -86,13 +86,13 @@ fn reserve_backs_the_new_rows_with_memory_up_to_its_bound() {
     assert!(out.iter().all(|&v| v == 0.5));
     assert_eq!(var.size(), first.len() + ROWS);
 
-    // Rows for far more keys than memory holds: at most 1 GiB of them
-    // (and a 2 MiB page per column of rounding), and nothing changes.
+    // Rows for far more keys than memory holds: at most 1 GiB of them (and
+    // the rest of a 2 MiB page per column), and nothing changes.
     let before_huge = resident_bytes();
     var.reserve_rows(usize::MAX);
     let huge = resident_bytes().saturating_sub(before_huge);
     assert!(
-        huge <= (1 << 30) + (3 << 21) + (16 << 20),
+        huge <= (1 << 30) + 3 * (2 << 20) + (16 << 20),
         "reserve_rows(usize::MAX) backed {huge} bytes"
     );
     assert_eq!(var.size(), first.len() + ROWS);
@@ -112,9 +112,28 @@ fn reserve_backs_the_new_rows_with_memory_up_to_its_bound() {
     sharded.reserve_rows(usize::MAX);
     let backed = resident_bytes().saturating_sub(before_sharded);
     assert!(
-        backed <= (1 << 30) + 4 * (2 << 21) + (16 << 20),
+        backed <= (1 << 30) + 4 * 2 * (2 << 20) + (16 << 20),
         "reserve_rows(usize::MAX) over 4 shards backed {backed} bytes"
     );
     assert!(backed >= 1 << 29, "it backed {backed} bytes");
     assert_eq!(sharded.size(), 0);
+    drop(sharded);
+
+    // A few rows' worth backs at most the rest of the page each column of
+    // each shard ends in (9 columns, 8 shards).
+    let wide = Variable::<i64>::builder("wide")
+        .dim(4096)
+        .shards(8)
+        .build()
+        .unwrap();
+    for slot in 0..8 {
+        wide.create_slot(&format!("s{slot}"), 0.0).unwrap();
+    }
+    let before_few = resident_bytes();
+    wide.reserve_rows(8);
+    let few = resident_bytes().saturating_sub(before_few);
+    assert!(
+        few <= 8 * 9 * (2 << 20) + (16 << 20),
+        "reserve_rows(8) backed {few} bytes"
+    );
 }

@@ -549,7 +549,9 @@ impl Table {
     /// under their row locks: the fresh row ids beyond the rows the table
     /// already holds unused (removed keys' rows waiting for reuse), in the
     /// main column and every slot column, at most `max_bytes` of them (and
-    /// at most [`PREFAULT_MAX_BYTES`](super::PREFAULT_MAX_BYTES)).
+    /// at most [`PREFAULT_MAX_BYTES`](super::PREFAULT_MAX_BYTES)), each
+    /// column to the end of the page the rows end in (a huge page, 2 MiB,
+    /// is backed whole once touched: the page the next inserts would back).
     ///
     /// It takes no row and changes no value, and other threads wait for it
     /// only briefly (the kernel's locks, a page at a time, and the segment
