@@ -15,7 +15,14 @@
 //! - `apply`: `dynemb-optim`'s `SparseAdam::apply` through
 //!   `EmbeddingStore` (its first pass, which creates the `m` and `v`
 //!   columns: an optimistic read of rows and slots, the kernel here, a
-//!   versioned write-back script per bucket).
+//!   versioned write-back per bucket).
+//!
+//! The servers load `dynemb-redis-module` (built by the bench itself,
+//! `cargo build --release -p dynemb-redis-module`, see [`module_path`]),
+//! and the passes run twice: with the module's native commands (the
+//! `dynemb-redis` column, which the targets judge) and with the Lua
+//! scripts (`use_module: false`, the `Lua` column), each on a table of its
+//! own.
 //!
 //! Against:
 //! 1. **a per-key client**, what a user writes by hand with the `redis`
@@ -98,8 +105,10 @@ pub struct RedisShape {
 pub struct RedisRow {
     /// `lookup`, `upsert`, `accum` or `apply` (SparseAdam).
     pub op: String,
-    /// `RedisVariable`'s batched API.
+    /// `RedisVariable`'s batched API, writes as the module's commands.
     pub dynemb: f64,
+    /// The same with the writes as Lua scripts (`use_module: false`).
+    pub lua: f64,
     /// The per-key client.
     pub per_key: f64,
     /// The servers' pipelined limit for this op (see the module docs).
@@ -202,15 +211,16 @@ pub fn render(r: &RedisResults) -> String {
         r.benchmark.get("GET").copied().unwrap_or(f64::NAN) / 1e3,
     );
     s.push_str(
-        "| op | dynemb-redis | per-key client | ratio | server limit | ratio | \
-         >= 20x per-key | >= 0.5x limit |\n|---|---|---|---|---|---|---|---|\n",
+        "| op | dynemb-redis (module) | (Lua scripts) | per-key client | ratio | server limit | \
+         ratio | >= 20x per-key | >= 0.5x limit |\n|---|---|---|---|---|---|---|---|---|\n",
     );
     for row in &r.rows {
         let _ = writeln!(
             s,
-            "| {} | {:.1} | {:.1} | {:.1}x | {:.1} ({}) | {:.2}x | {} | {} |",
+            "| {} | {:.1} | {:.1} | {:.1} | {:.1}x | {:.1} ({}) | {:.2}x | {} | {} |",
             row.op,
             row.dynemb / 1e3,
+            row.lua / 1e3,
             row.per_key / 1e3,
             row.per_key_ratio(),
             row.limit / 1e3,
@@ -235,9 +245,41 @@ fn free_port() -> std::io::Result<u16> {
     }
 }
 
+/// `dynemb-redis-module`'s shared library, built in release by `cargo
+/// build --release -p dynemb-redis-module` into the target directory the
+/// running binary was built in (`<target>/release/compare`).
+pub fn module_path() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("the bench's path: {e}"))?;
+    let target = exe
+        .ancestors()
+        .nth(2)
+        .ok_or("the bench is not in <target>/<profile>/")?;
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["build", "--release", "--locked", "--quiet"])
+        .args(["-p", "dynemb-redis-module", "--target-dir"])
+        .arg(target)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .map_err(|e| format!("cargo: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "building dynemb-redis-module failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let path = target.join("release").join("libdynemb_redis_module.so");
+    if path.exists() {
+        Ok(path)
+    } else {
+        Err(format!("{} was not built", path.display()))
+    }
+}
+
 /// A Redis Cluster of `redis-server` processes on loopback, each in a
 /// directory of its own under the system's temporary directory, without
-/// persistence; killed by PID and their directories removed when dropped.
+/// persistence, each loading `dynemb-redis-module`; killed by PID and
+/// their directories removed when dropped.
 pub struct LocalCluster {
     servers: Vec<(Child, u16)>,
     dirs: Vec<PathBuf>,
@@ -259,7 +301,7 @@ impl LocalCluster {
     /// Starts `masters` masters (at least 3) and joins them with
     /// `redis-cli --cluster create`; returns once every node says
     /// `cluster_state:ok`.
-    pub fn start(masters: usize) -> Result<LocalCluster, String> {
+    pub fn start(masters: usize, module: &std::path::Path) -> Result<LocalCluster, String> {
         let mut cluster = LocalCluster {
             servers: Vec::new(),
             dirs: Vec::new(),
@@ -278,6 +320,8 @@ impl LocalCluster {
                 .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
                 .args(["--cluster-enabled", "yes"])
                 .args(["--cluster-config-file", "nodes.conf"])
+                .arg("--loadmodule")
+                .arg(module)
                 .arg("--dir")
                 .arg(&dir)
                 .stdin(Stdio::null())
@@ -358,10 +402,12 @@ fn connect(port: u16) -> redis::RedisResult<redis::Connection> {
 /// Runs the group: starts the cluster, measures, stops it.
 pub fn run(shape: RedisShape, progress: &Progress) -> Result<RedisResults, String> {
     let started = Instant::now();
+    progress.note(format_args!("redis: building dynemb-redis-module"));
+    let module = module_path()?;
     progress.note(format_args!(
         "redis: starting a {MASTERS}-master cluster on loopback"
     ));
-    let cluster = LocalCluster::start(MASTERS)?;
+    let cluster = LocalCluster::start(MASTERS, &module)?;
     let row_bytes = 16 + 4 * shape.dim;
     progress.note(format_args!(
         "redis: redis-benchmark --cluster -t set,get -P {PIPELINE} -d {row_bytes}"
@@ -387,7 +433,8 @@ pub fn run(shape: RedisShape, progress: &Progress) -> Result<RedisResults, Strin
     let values: Vec<f32> = (0..shape.batch.min(shape.keys) * shape.dim)
         .map(|_| rng.random_range(-0.1..0.1))
         .collect();
-    let dynemb = batched(&cluster, shape, &keys, &values, progress)?;
+    let dynemb = batched(&cluster, shape, &keys, &values, true, progress)?;
+    let lua = batched(&cluster, shape, &keys, &values, false, progress)?;
     progress.note(format_args!(
         "redis: per-key client on {} keys",
         shape.sample
@@ -411,6 +458,7 @@ pub fn run(shape: RedisShape, progress: &Progress) -> Result<RedisResults, Strin
             }
             .to_string(),
             dynemb: dynemb[op],
+            lua: lua[op],
             per_key: per_key[op],
             limit,
             limit_of: limit_of.to_string(),
@@ -462,12 +510,14 @@ fn server_limit(
     Ok(parse_benchmark(&String::from_utf8_lossy(&out.stdout)))
 }
 
-/// `RedisVariable`'s keys/s per op, one pass over every key each.
+/// `RedisVariable`'s keys/s per op, one pass over every key each, its
+/// writes as the module's commands (`module`) or as Lua scripts.
 fn batched(
     cluster: &LocalCluster,
     shape: RedisShape,
     keys: &[i64],
     values: &[f32],
+    module: bool,
     progress: &Progress,
 ) -> Result<BTreeMap<&'static str, f64>, String> {
     let config = RedisConfig {
@@ -475,13 +525,20 @@ fn batched(
         prefix: "compare".into(),
         buckets: BUCKETS,
         command_timeout: Duration::from_secs(120),
+        use_module: module,
         ..RedisConfig::default()
     };
-    let var = RedisVariable::<i64>::builder("batched")
+    let form = if module { "module" } else { "Lua" };
+    let var = RedisVariable::<i64>::builder(format!("batched_{form}"))
         .dim(shape.dim)
         .config(config)
         .build()
         .map_err(|e| e.to_string())?;
+    if var.uses_module() != module {
+        return Err(format!(
+            "the {form} pass's variable does not use the {form} form"
+        ));
+    }
     let dim = shape.dim;
     let pass = |what: &str, op: &mut BatchOp<'_>| {
         let started = Instant::now();
@@ -490,7 +547,7 @@ fn batched(
         }
         let rate = keys.len() as f64 / started.elapsed().as_secs_f64();
         progress.note(format_args!(
-            "redis: dynemb-redis {what}: {:.1} K keys/s",
+            "redis: dynemb-redis ({form}) {what}: {:.1} K keys/s",
             rate / 1e3
         ));
         Ok::<f64, String>(rate)
@@ -689,6 +746,7 @@ mod tests {
         let row = RedisRow {
             op: "lookup".into(),
             dynemb: 500e3,
+            lua: 300e3,
             per_key: 10e3,
             limit: 2e6,
             limit_of: "GET".into(),
@@ -709,7 +767,9 @@ mod tests {
         };
         let table = render(&results);
         assert!(
-            table.contains("| lookup | 500.0 | 10.0 | 50.0x | 2000.0 (GET) | 0.25x | yes | NO |"),
+            table.contains(
+                "| lookup | 500.0 | 300.0 | 10.0 | 50.0x | 2000.0 (GET) | 0.25x | yes | NO |"
+            ),
             "{table}"
         );
         assert!(table.contains("SET 1000 K/s, GET 2000 K/s"), "{table}");

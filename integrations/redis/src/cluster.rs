@@ -195,6 +195,30 @@ impl Cluster {
             .collect()
     }
 
+    /// Whether every node knows every one of `commands` (`COMMAND INFO`):
+    /// how a variable learns that the servers have `dynemb-redis-module`
+    /// loaded.
+    pub(crate) fn every_node_has(&self, commands: &[&str]) -> Result<bool> {
+        let mut packed = Vec::new();
+        redis::cmd("COMMAND")
+            .arg("INFO")
+            .arg(commands)
+            .write_packed_command(&mut packed);
+        for node in &self.topology().nodes {
+            let reply = node.exchange(&packed, 1)?.pop();
+            let Some(Value::Array(infos)) = reply else {
+                return Err(protocol(
+                    node.addr(),
+                    format!("COMMAND INFO gave {reply:?}"),
+                ));
+            };
+            if infos.len() != commands.len() || infos.contains(&Value::Nil) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
     fn topology(&self) -> Arc<Topology> {
         Arc::clone(&self.topology.read().unwrap_or_else(PoisonError::into_inner))
     }
@@ -344,13 +368,27 @@ impl Cluster {
                 groups.push((node, Vec::new(), Vec::new()));
                 groups.len() - 1
             });
-            if ask.is_some() {
-                groups[g]
-                    .1
-                    .extend_from_slice(&redis::cmd("ASKING").get_packed_command());
-            }
-            groups[g].1.extend_from_slice(&request.packed);
             groups[g].2.push(at);
+        }
+        // Each node's pipeline, sized first (a large batch is not copied
+        // as it grows).
+        for (_, packed, ats) in &mut groups {
+            let asking = redis::cmd("ASKING").get_packed_command();
+            let len: usize = ats
+                .iter()
+                .map(|&at| {
+                    let (index, ask) = &pending[at];
+                    requests[*index].packed.len() + ask.as_ref().map_or(0, |_| asking.len())
+                })
+                .sum();
+            packed.reserve_exact(len);
+            for &at in ats.iter() {
+                let (index, ask) = &pending[at];
+                if ask.is_some() {
+                    packed.extend_from_slice(&asking);
+                }
+                packed.extend_from_slice(&requests[*index].packed);
+            }
         }
         let asks: Vec<bool> = pending.iter().map(|(_, ask)| ask.is_some()).collect();
         // A connection to every node first: a node that cannot be reached

@@ -49,6 +49,14 @@ pub struct RedisConfig {
     /// not contain `{` or `}` (they would change which cluster node a
     /// bucket lives on).
     pub prefix: String,
+    /// Whether to send the bucket writes as the `dynemb-redis-module`
+    /// commands (`DYNEMB.ACCUM` and its siblings) when every node has that
+    /// module loaded when the variable is opened; otherwise, and when this
+    /// is `false`, they run as Lua scripts. Both forms have the same
+    /// semantics; the module's does `accum`'s float additions and the
+    /// optimizers' write-back natively, several times faster on the
+    /// servers. Default `true`.
+    pub use_module: bool,
 }
 
 /// Most buckets a variable may have.
@@ -69,6 +77,7 @@ impl Default for RedisConfig {
             password: None,
             buckets: 256,
             prefix: "dynemb".to_string(),
+            use_module: true,
         }
     }
 }
@@ -84,6 +93,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("password", &self.password.as_ref().map(|_| "<hidden>"))
             .field("buckets", &self.buckets)
             .field("prefix", &self.prefix)
+            .field("use_module", &self.use_module)
             .finish()
     }
 }

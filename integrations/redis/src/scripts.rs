@@ -53,12 +53,32 @@ use std::sync::LazyLock;
 pub(crate) struct Lua {
     code: String,
     script: Script,
+    native: Option<&'static str>,
 }
 
 impl Lua {
     fn new(code: String) -> Lua {
         let script = Script::new(&code);
-        Lua { code, script }
+        Lua {
+            code,
+            script,
+            native: None,
+        }
+    }
+
+    /// The same script, with `command` as its twin in
+    /// `dynemb-redis-module`.
+    fn with_native(self, command: &'static str) -> Lua {
+        Lua {
+            native: Some(command),
+            ..self
+        }
+    }
+
+    /// The module command that does what this script does (same keys, same
+    /// arguments, same reply), if there is one.
+    pub(crate) fn native(&self) -> Option<&'static str> {
+        self.native
     }
 
     /// The script's source.
@@ -304,6 +324,7 @@ hset(order, rows)
 return out
 "#,
     )
+    .with_native("DYNEMB.INSERT_ABSENT")
 });
 
 /// `upsert`, [`recorded`]: `ARGV[2..] = [mode, stamp, version, field,
@@ -334,6 +355,7 @@ hset(order, rows)
 return #fields
 "#,
     )
+    .with_native("DYNEMB.UPSERT")
 });
 
 /// bp_v2 `accum`, [`recorded`]: `ARGV[2..] = [mode, stamp, version, dim,
@@ -389,6 +411,7 @@ hset(order, rows)
 return refused
 "#,
     )
+    .with_native("DYNEMB.ACCUM")
 });
 
 /// `update_rows`' write-back, [`recorded`]: `ARGV[2..] = [field,
@@ -422,6 +445,7 @@ hset(order, rows)
 return conflicts
 "#,
     )
+    .with_native("DYNEMB.WRITE_IF_UNCHANGED")
 });
 
 /// `restrict`'s removal, [`recorded`]: `ARGV[2..] = [field, version,
@@ -516,6 +540,12 @@ return {n, ARGV[2]}
         .to_string(),
     )
 });
+
+/// The module commands the client sends instead of scripts where every
+/// node has them (see [`Lua::native`]).
+pub(crate) fn native_commands() -> Vec<&'static str> {
+    ALL_SCRIPTS.iter().filter_map(|s| s.native()).collect()
+}
 
 /// Every script, loaded on each new connection.
 pub(crate) static ALL_SCRIPTS: LazyLock<[&'static Lua; 10]> = LazyLock::new(|| {

@@ -47,6 +47,7 @@
 //! [`EmbeddingStore::update_rows`]: dynemb::EmbeddingStore::update_rows
 
 use crate::batch::Grouped;
+use crate::cluster::Request;
 use crate::layout::{self, Row, HEADER};
 use crate::reply;
 use crate::scripts;
@@ -94,6 +95,21 @@ impl Scratch {
             try_slots: vec![0.0; dim * slots],
         }
     }
+}
+
+/// Rows as read: each one's bytes, or `None` if absent.
+type StoredRows = Vec<Option<Vec<u8>>>;
+
+/// The write-back of `computed` rows.
+fn versioned<'a>(targets: &[Target], computed: &'a [Computed]) -> Vec<VersionedWrite<'a>> {
+    computed
+        .iter()
+        .map(|c| VersionedWrite {
+            bits: targets[c.target].bits,
+            expected: c.new.expected,
+            row: &c.new.row,
+        })
+        .collect()
 }
 
 /// One distinct key of the batch being updated.
@@ -207,11 +223,7 @@ impl<K: Key> RedisVariable<K> {
                 let next = chunks.get(k + 1).copied();
                 let writing = std::mem::take(&mut to_write);
                 let targets = &targets;
-                let io = || -> Result<_> {
-                    let written = self.write_computed(targets, &writing)?;
-                    let next_rows = next.map(|c| self.fetch_targets(targets, c)).transpose()?;
-                    Ok((written, next_rows))
-                };
+                let io = || self.write_and_fetch(targets, &writing, next);
                 let mut compute = || {
                     let mut computed = Vec::with_capacity(chunk.len());
                     chunk.iter().zip(&rows).try_for_each(|(&t, stored)| {
@@ -374,25 +386,57 @@ impl<K: Key> RedisVariable<K> {
     }
 
     /// The stored rows of `targets[chunk]` (`None`: absent), in order.
-    fn fetch_targets(&self, targets: &[Target], chunk: &[usize]) -> Result<Vec<Option<Vec<u8>>>> {
+    fn fetch_targets(&self, targets: &[Target], chunk: &[usize]) -> Result<StoredRows> {
         let bits: Vec<u64> = chunk.iter().map(|&t| targets[t].bits).collect();
         let grouped = Grouped::new(&bits, self.buckets())?;
         self.fetch(&bits, &grouped)
     }
 
+    /// [`Self::write_computed`] of `writing` and [`Self::fetch_targets`]
+    /// of `next` (if any), in one round trip: both go in the same
+    /// pipelines (they touch different keys: chunks of a round are
+    /// disjoint), so the servers go from one to the other without waiting
+    /// for this client. Returns the targets whose rows changed meanwhile
+    /// and the next chunk's rows.
+    fn write_and_fetch(
+        &self,
+        targets: &[Target],
+        writing: &[Computed],
+        next: Option<&[usize]>,
+    ) -> Result<(Vec<usize>, Option<StoredRows>)> {
+        let writes = versioned(targets, writing);
+        let (write_grouped, mut requests) = self.write_requests(&writes)?;
+        let write_count = requests.len();
+        let read = match next {
+            Some(chunk) => {
+                let bits: Vec<u64> = chunk.iter().map(|&t| targets[t].bits).collect();
+                let grouped = Grouped::new(&bits, self.buckets())?;
+                requests.extend(self.fetch_requests(&bits, &grouped));
+                Some((bits, grouped))
+            }
+            None => None,
+        };
+        if requests.is_empty() {
+            return Ok((Vec::new(), None));
+        }
+        let mut replies = self.inner.cluster.run(&requests)?;
+        let read_replies = replies.split_off(write_count);
+        let conflicts = self
+            .conflicts(&write_grouped, replies)?
+            .into_iter()
+            .map(|i| writing[i].target)
+            .collect();
+        let rows = read
+            .map(|(bits, grouped)| self.fetched_rows(&bits, &grouped, read_replies))
+            .transpose()?;
+        Ok((conflicts, rows))
+    }
+
     /// Writes `computed` back (see [`RedisVariable::write_if_unchanged`]);
     /// returns the targets whose rows changed meanwhile.
     fn write_computed(&self, targets: &[Target], computed: &[Computed]) -> Result<Vec<usize>> {
-        let writes: Vec<VersionedWrite<'_>> = computed
-            .iter()
-            .map(|c| VersionedWrite {
-                bits: targets[c.target].bits,
-                expected: c.new.expected,
-                row: &c.new.row,
-            })
-            .collect();
         Ok(self
-            .write_if_unchanged(&writes)?
+            .write_if_unchanged(&versioned(targets, computed))?
             .into_iter()
             .map(|i| computed[i].target)
             .collect())
@@ -406,12 +450,30 @@ impl<K: Key> RedisVariable<K> {
         if writes.is_empty() {
             return Ok(Vec::new());
         }
+        let (grouped, requests) = self.write_requests(writes)?;
+        let replies = self.inner.cluster.run(&requests)?;
+        self.conflicts(&grouped, replies)
+    }
+
+    /// [`Self::write_if_unchanged`]'s requests, one per bucket, and the
+    /// grouping they follow.
+    fn write_requests(&self, writes: &[VersionedWrite<'_>]) -> Result<(Grouped, Vec<Request>)> {
         let bits: Vec<u64> = writes.iter().map(|w| w.bits).collect();
         let grouped = Grouped::new(&bits, self.buckets())?;
         let id = layout::new_version();
         let mut requests = Vec::with_capacity(grouped.len());
         for (bucket, positions) in grouped.iter() {
-            let mut cmd = self.write_cmd(&scripts::WRITE_IF_UNCHANGED, bucket, id);
+            let bytes: usize = positions
+                .iter()
+                .map(|&p| 16 + writes[p as usize].row.len())
+                .sum();
+            let mut cmd = self.write_cmd_with_capacity(
+                &scripts::WRITE_IF_UNCHANGED,
+                bucket,
+                id,
+                3 * positions.len(),
+                bytes,
+            );
             for &p in positions {
                 let write = &writes[p as usize];
                 cmd.arg(&layout::field(write.bits)[..])
@@ -420,7 +482,12 @@ impl<K: Key> RedisVariable<K> {
             }
             requests.push(self.bucket_request(bucket, &cmd));
         }
-        let replies = self.inner.cluster.run(&requests)?;
+        Ok((grouped, requests))
+    }
+
+    /// The indexes in the writes of the rows that changed meanwhile, from
+    /// the replies to [`Self::write_requests`].
+    fn conflicts(&self, grouped: &Grouped, replies: Vec<Value>) -> Result<Vec<usize>> {
         let mut conflicts = Vec::new();
         for ((_, positions), reply) in grouped.iter().zip(replies) {
             for item in reply::array(self.store(), "versioned write", reply)? {

@@ -74,6 +74,10 @@ pub(crate) struct Inner {
     pub meta_key: Vec<u8>,
     /// [`RedisConfig::record_ttl`] in milliseconds, for the scripts.
     pub record_ttl_ms: u64,
+    /// Whether bucket writes go as `dynemb-redis-module`'s commands
+    /// ([`RedisConfig::use_module`] and every node had the module when the
+    /// variable was opened) rather than as scripts.
+    pub native: bool,
     pub cluster: Cluster,
     /// Slot names and initial values by index, as last read from the
     /// metadata (slots are only ever appended).
@@ -181,6 +185,8 @@ impl<K: Key> RedisVariableBuilder<K> {
         self.initializer.validate(self.dim)?;
         self.config.validate()?;
         let cluster = Cluster::connect(&self.config)?;
+        let native =
+            self.config.use_module && cluster.every_node_has(&scripts::native_commands())?;
         let prefix = &self.config.prefix;
         let store = format!("redis {prefix}:{}", self.name);
         let meta = Meta::new(
@@ -213,6 +219,7 @@ impl<K: Key> RedisVariableBuilder<K> {
                 record_ttl_ms: u64::try_from(self.config.record_ttl().as_millis())
                     .unwrap_or(u64::MAX)
                     .max(1),
+                native,
                 store,
                 name: self.name,
                 dim: self.dim,
@@ -299,6 +306,13 @@ impl<K: Key> RedisVariable<K> {
         &self.inner.name
     }
 
+    /// Whether its bucket writes run as `dynemb-redis-module`'s native
+    /// commands (decided when it was opened: [`RedisConfig::use_module`]
+    /// and every node had the module loaded) rather than as Lua scripts.
+    pub fn uses_module(&self) -> bool {
+        self.inner.native
+    }
+
     /// Values per row.
     pub fn dim(&self) -> usize {
         self.inner.dim
@@ -361,15 +375,33 @@ impl<K: Key> RedisVariable<K> {
         &self.inner.bucket_keys[bucket as usize]
     }
 
-    /// `EVALSHA <script> 2 <bucket key> <record key> <ttl>`: a
-    /// [recorded](crate::scripts) write to `bucket` (the write `id`, one
-    /// per call), its own arguments to follow.
+    /// `EVALSHA <script> 2 <bucket key> <record key> <ttl>`, or the
+    /// script's module command `<command> <bucket key> <record key> <ttl>`
+    /// when the variable uses the module: a [recorded](crate::scripts)
+    /// write to `bucket` (the write `id`, one per call), its own arguments
+    /// to follow.
     pub(crate) fn write_cmd(&self, script: &Lua, bucket: u32, id: [u8; 8]) -> redis::Cmd {
+        self.write_cmd_with_capacity(script, bucket, id, 0, 0)
+    }
+
+    /// [`RedisVariable::write_cmd`] with room for `args` more arguments of
+    /// `bytes` bytes in all, so that a large write is not copied as it
+    /// grows.
+    pub(crate) fn write_cmd_with_capacity(
+        &self,
+        script: &Lua,
+        bucket: u32,
+        id: [u8; 8],
+        args: usize,
+        bytes: usize,
+    ) -> redis::Cmd {
         let key = self.bucket_key(bucket);
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.sha())
-            .arg(2)
-            .arg(key)
+        let mut cmd = redis::Cmd::with_capacity(args + 6, bytes + 128);
+        match script.native().filter(|_| self.inner.native) {
+            Some(command) => cmd.arg(command),
+            None => cmd.arg("EVALSHA").arg(script.sha()).arg(2),
+        };
+        cmd.arg(key)
             .arg(layout::record_key(key, id))
             .arg(self.inner.record_ttl_ms);
         cmd
@@ -405,16 +437,34 @@ impl<K: Key> RedisVariable<K> {
     /// The stored rows of a grouped batch (`HMGET` per bucket), each
     /// position's bytes or `None` if absent, in batch order.
     pub(crate) fn fetch(&self, bits: &[u64], grouped: &Grouped) -> Result<Vec<Option<Vec<u8>>>> {
+        let replies = self
+            .inner
+            .cluster
+            .run(&self.fetch_requests(bits, grouped))?;
+        self.fetched_rows(bits, grouped, replies)
+    }
+
+    /// [`RedisVariable::fetch`]'s requests: an `HMGET` per bucket.
+    pub(crate) fn fetch_requests(&self, bits: &[u64], grouped: &Grouped) -> Vec<Request> {
         let mut requests = Vec::with_capacity(grouped.len());
         for (bucket, positions) in grouped.iter() {
-            let mut cmd = redis::cmd("HMGET");
-            cmd.arg(self.bucket_key(bucket));
+            let mut cmd = redis::Cmd::with_capacity(positions.len() + 2, 8 * positions.len() + 64);
+            cmd.arg("HMGET").arg(self.bucket_key(bucket));
             for &p in positions {
                 cmd.arg(&layout::field(bits[p as usize])[..]);
             }
             requests.push(self.bucket_request(bucket, &cmd));
         }
-        let replies = self.inner.cluster.run(&requests)?;
+        requests
+    }
+
+    /// The rows in the replies to [`RedisVariable::fetch_requests`].
+    pub(crate) fn fetched_rows(
+        &self,
+        bits: &[u64],
+        grouped: &Grouped,
+        replies: Vec<Value>,
+    ) -> Result<Vec<Option<Vec<u8>>>> {
         let mut rows: Vec<Option<Vec<u8>>> = vec![None; bits.len()];
         for ((_, positions), reply) in grouped.iter().zip(replies) {
             let items = reply::array(self.store(), "HMGET", reply)?;

@@ -7,27 +7,42 @@
 //! `v` of different counts).
 //!
 //! The second process is this test binary run again (`worker`, ignored
-//! unless asked for by `support::spawn_worker`).
+//! unless asked for by `support::spawn_worker`). Every test runs under
+//! both forms of the writes: `dynemb-redis-module`'s commands and the Lua
+//! scripts.
 
 mod support;
 
 use dynemb::Initializer;
 use dynemb_optim::{ParamsAdam, SparseAdam, SparseOptimizer};
 use dynemb_redis::{RedisConfig, RedisVariable};
-use support::{join_worker, spawn_worker, worker_param, Cluster, Server, WORKER_ROLE};
+use support::{join_worker, spawn_worker, worker_param, Cluster, Form, Server, WORKER_ROLE};
 
 const DIM: usize = 4;
 /// Keys every writer shares.
 const SHARED: i64 = 200;
 const ROUNDS: usize = 30;
 
-fn open(config: RedisConfig, name: &str) -> RedisVariable<i64> {
-    RedisVariable::<i64>::builder(name)
+/// The variable `name` in `form` (its name says the form, so the two
+/// forms' runs use separate tables).
+fn open(config: RedisConfig, name: &str, form: Form) -> RedisVariable<i64> {
+    let var = RedisVariable::<i64>::builder(format!("{name}_{form:?}"))
         .dim(DIM)
         .initializer(Initializer::Zeros)
-        .config(config)
+        .config(form.config(config))
         .build()
-        .unwrap()
+        .unwrap();
+    assert_eq!(var.uses_module(), form == Form::Module);
+    var
+}
+
+/// The form from the worker parameters.
+fn worker_form() -> Form {
+    match worker_param("DYNEMB_REDIS_FORM").as_str() {
+        "Module" => Form::Module,
+        "Lua" => Form::Lua,
+        other => panic!("unknown form {other}"),
+    }
 }
 
 /// Config from the worker parameters.
@@ -99,34 +114,39 @@ fn prepare_shared(var: &RedisVariable<i64>) {
 #[test]
 fn accum_from_four_threads_sums_exactly() {
     let cluster = Cluster::start(3);
-    let var = open(cluster.config(), "accum_threads");
-    prepare_shared(&var);
-    std::thread::scope(|s| {
-        for w in 0..4 {
-            let var = var.clone();
-            s.spawn(move || accum_writer(&var, w));
-        }
-    });
-    check_accum_sums(&var, 4);
+    for form in Form::BOTH {
+        let var = open(cluster.config(), "accum_threads", form);
+        prepare_shared(&var);
+        std::thread::scope(|s| {
+            for w in 0..4 {
+                let var = var.clone();
+                s.spawn(move || accum_writer(&var, w));
+            }
+        });
+        check_accum_sums(&var, 4);
+    }
 }
 
 #[test]
 fn accum_from_two_processes_sums_exactly() {
     let server = Server::start();
-    let var = open(server.config(), "accum_processes");
-    prepare_shared(&var);
-    let workers: Vec<_> = (0..2)
-        .map(|w| {
-            spawn_worker(&[
-                (WORKER_ROLE, "accum".into()),
-                ("DYNEMB_REDIS_NODES", server.addr()),
-                ("DYNEMB_REDIS_NAME", "accum_processes".into()),
-                ("DYNEMB_REDIS_INDEX", w.to_string()),
-            ])
-        })
-        .collect();
-    workers.into_iter().for_each(join_worker);
-    check_accum_sums(&var, 2);
+    for form in Form::BOTH {
+        let var = open(server.config(), "accum_processes", form);
+        prepare_shared(&var);
+        let workers: Vec<_> = (0..2)
+            .map(|w| {
+                spawn_worker(&[
+                    (WORKER_ROLE, "accum".into()),
+                    ("DYNEMB_REDIS_NODES", server.addr()),
+                    ("DYNEMB_REDIS_NAME", "accum_processes".into()),
+                    ("DYNEMB_REDIS_FORM", format!("{form:?}")),
+                    ("DYNEMB_REDIS_INDEX", w.to_string()),
+                ])
+            })
+            .collect();
+        workers.into_iter().for_each(join_worker);
+        check_accum_sums(&var, 2);
+    }
 }
 
 // ---------------------------------------------------------------- Adam
@@ -201,40 +221,49 @@ fn check_adam(var: &RedisVariable<i64>, writers: usize) {
 #[test]
 fn adam_from_four_threads_loses_no_update() {
     let server = Server::start();
-    let var = open(server.config(), "adam_threads");
-    std::thread::scope(|s| {
-        for w in 0..4 {
-            let var = var.clone();
-            s.spawn(move || adam_writer(&var, w));
-        }
-    });
-    check_adam(&var, 4);
+    for form in Form::BOTH {
+        let var = open(server.config(), "adam_threads", form);
+        std::thread::scope(|s| {
+            for w in 0..4 {
+                let var = var.clone();
+                s.spawn(move || adam_writer(&var, w));
+            }
+        });
+        check_adam(&var, 4);
+    }
 }
 
 #[test]
 fn adam_from_two_processes_loses_no_update_and_tears_no_row() {
     let cluster = Cluster::start(3);
     let addrs: Vec<String> = cluster.servers.iter().map(|s| s.addr()).collect();
-    let var = open(cluster.config(), "adam_processes");
-    let workers: Vec<_> = (0..2)
-        .map(|w| {
-            spawn_worker(&[
-                (WORKER_ROLE, "adam".into()),
-                ("DYNEMB_REDIS_NODES", addrs.join(",")),
-                ("DYNEMB_REDIS_NAME", "adam_processes".into()),
-                ("DYNEMB_REDIS_INDEX", w.to_string()),
-            ])
-        })
-        .collect();
-    workers.into_iter().for_each(join_worker);
-    check_adam(&var, 2);
+    for form in Form::BOTH {
+        let var = open(cluster.config(), "adam_processes", form);
+        let workers: Vec<_> = (0..2)
+            .map(|w| {
+                spawn_worker(&[
+                    (WORKER_ROLE, "adam".into()),
+                    ("DYNEMB_REDIS_NODES", addrs.join(",")),
+                    ("DYNEMB_REDIS_NAME", "adam_processes".into()),
+                    ("DYNEMB_REDIS_FORM", format!("{form:?}")),
+                    ("DYNEMB_REDIS_INDEX", w.to_string()),
+                ])
+            })
+            .collect();
+        workers.into_iter().for_each(join_worker);
+        check_adam(&var, 2);
+    }
 }
 
 /// A second process's part of the tests above (run by `spawn_worker`).
 #[test]
 #[ignore = "run by the multi-process tests in a child process"]
 fn worker() {
-    let var = open(worker_config(), &worker_param("DYNEMB_REDIS_NAME"));
+    let var = open(
+        worker_config(),
+        &worker_param("DYNEMB_REDIS_NAME"),
+        worker_form(),
+    );
     let w: usize = worker_param("DYNEMB_REDIS_INDEX").parse().unwrap();
     match worker_param(WORKER_ROLE).as_str() {
         "accum" => accum_writer(&var, w),

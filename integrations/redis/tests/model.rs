@@ -3,7 +3,10 @@
 //! operation against a `HashMap` model, and slots, `update_rows`, scores
 //! and `restrict` against the second model; on a single server and on a
 //! 3-master cluster. Fewer cases than the core runs (each operation is a
-//! round trip to a real server).
+//! round trip to a real server). The single server runs the models under
+//! both forms of the writes (`dynemb-redis-module`'s commands, the Lua
+//! scripts), and once more without the module loaded (where the variable
+//! falls back to the scripts); the cluster under the module's.
 
 #[path = "../../../core/tests/contract/mod.rs"]
 mod contract;
@@ -12,10 +15,11 @@ mod support;
 use contract::{Maker, RowUpdate, Spec, Subject, TestKey};
 use dynemb::{Key, Result, SlotId};
 use dynemb_redis::{RedisConfig, RedisVariable};
-use support::{unique_name, Cluster, Server};
+use support::{unique_name, Cluster, Form, Server};
 
-/// Makes Redis variables on one set of servers, each under a new name.
-struct Remote(RedisConfig);
+/// Makes Redis variables on one set of servers, each under a new name,
+/// checking that they run their writes in the given form.
+struct Remote(RedisConfig, Form);
 
 /// A variable removed from Redis when the case drops it.
 struct Dropped<K: Key>(Option<RedisVariable<K>>);
@@ -40,7 +44,9 @@ impl Maker for Remote {
         if let Some(policy) = spec.policy {
             b = b.restrict_policy(policy);
         }
-        Box::new(Dropped(Some(b.build().expect("open"))))
+        let var = b.build().expect("open");
+        assert_eq!(var.uses_module(), self.1 == Form::Module);
+        Box::new(Dropped(Some(var)))
     }
 }
 
@@ -113,42 +119,45 @@ impl<K: Key> Subject<K> for Dropped<K> {
 /// Proptest cases per model and server set.
 const CASES: u32 = 32;
 
-#[test]
-fn single_server_matches_the_models() {
-    let server = Server::start();
-    let remote = Remote(server.config());
-    let mut runner = proptest::test_runner::TestRunner::new(contract::config(CASES));
+/// Runs the random cases of both models (`cases` each) and, if `long`,
+/// the long fixed sequences on `remote`.
+fn check_models(remote: &Remote, cases: u32, long: bool) {
+    let mut runner = proptest::test_runner::TestRunner::new(contract::config(cases));
     runner
         .run(&contract::case_strategy(false), |case| {
-            contract::run(&remote, case);
+            contract::run(remote, case);
             Ok(())
         })
         .unwrap();
     runner
         .run(&contract::slot_case_strategy(), |case| {
-            contract::run_slots(&remote, case);
+            contract::run_slots(remote, case);
             Ok(())
         })
         .unwrap();
-    contract::long_fixed_sequence(&remote);
-    contract::slots_and_scores_long_fixed_sequence(&remote);
+    if long {
+        contract::long_fixed_sequence(remote);
+        contract::slots_and_scores_long_fixed_sequence(remote);
+    }
+}
+
+#[test]
+fn single_server_matches_the_models() {
+    let server = Server::start();
+    for form in Form::BOTH {
+        check_models(&Remote(form.config(server.config()), form), CASES, true);
+    }
+}
+
+#[test]
+fn a_server_without_the_module_matches_the_models_with_scripts() {
+    let server = Server::start_without_module();
+    // `use_module` is on, but the server lacks the module: scripts.
+    check_models(&Remote(server.config(), Form::Lua), CASES / 2, true);
 }
 
 #[test]
 fn cluster_matches_the_models() {
     let cluster = Cluster::start(3);
-    let remote = Remote(cluster.config());
-    let mut runner = proptest::test_runner::TestRunner::new(contract::config(CASES / 2));
-    runner
-        .run(&contract::case_strategy(false), |case| {
-            contract::run(&remote, case);
-            Ok(())
-        })
-        .unwrap();
-    runner
-        .run(&contract::slot_case_strategy(), |case| {
-            contract::run_slots(&remote, case);
-            Ok(())
-        })
-        .unwrap();
+    check_models(&Remote(cluster.config(), Form::Module), CASES / 2, false);
 }

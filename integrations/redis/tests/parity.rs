@@ -12,6 +12,9 @@
 //!   from the rows read, sparse Adam, Adagrad and FTRL), on a local
 //!   variable and on a single server; every row and slot compared at the
 //!   end, and the rows read at every step.
+//!
+//! Each runs under both forms of the writes: `dynemb-redis-module`'s
+//! commands and the Lua scripts.
 
 mod support;
 
@@ -19,7 +22,7 @@ use dynemb::{EmbeddingStore, Initializer, Variable};
 use dynemb_optim::*;
 use dynemb_redis::{RedisConfig, RedisVariable};
 use serde_json::Value;
-use support::{unique_name, Cluster, Server};
+use support::{unique_name, Cluster, Form, Server};
 
 const TOLERANCE: f32 = 1e-6;
 
@@ -91,6 +94,7 @@ fn golden_case<R: Rule>(golden: &Value, case: &Value, config: &RedisConfig) {
         .config(config.clone())
         .build()
         .unwrap();
+    assert_eq!(remote.uses_module(), config.use_module);
     let initial = floats(&golden["initial_values"]);
     local.upsert(&table, &initial).unwrap();
     remote.upsert(&table, &initial).unwrap();
@@ -134,13 +138,16 @@ fn golden_case<R: Rule>(golden: &Value, case: &Value, config: &RedisConfig) {
 #[test]
 fn every_optimizer_golden_trains_redis_as_a_local_variable() {
     let cluster = Cluster::start(3);
-    let config = RedisConfig {
-        buckets: 16,
-        ..cluster.config()
-    };
     let golden = goldens();
     let cases = golden["cases"].as_array().unwrap();
-    for case in cases {
+    for (form, case) in Form::BOTH
+        .into_iter()
+        .flat_map(|f| cases.iter().map(move |c| (f, c)))
+    {
+        let config = form.config(RedisConfig {
+            buckets: 16,
+            ..cluster.config()
+        });
         match case["optimizer"].as_str().unwrap() {
             "SparseSgd" => golden_case::<ParamsSgd>(&golden, case, &config),
             "SparseMomentum" => golden_case::<ParamsMomentum>(&golden, case, &config),
@@ -242,7 +249,13 @@ fn training_loop<O: SparseOptimizer>(make: impl Fn() -> O, config: &RedisConfig,
 #[test]
 fn two_hundred_training_steps_match_a_local_variable() {
     let server = Server::start();
-    let config = server.config();
+    for form in Form::BOTH {
+        training_loops(&form.config(server.config()));
+    }
+}
+
+/// [`training_loop`] with Adam, Adagrad and FTRL.
+fn training_loops(config: &RedisConfig) {
     training_loop(
         || {
             SparseAdam::new(ParamsAdam {
@@ -251,7 +264,7 @@ fn two_hundred_training_steps_match_a_local_variable() {
             })
             .unwrap()
         },
-        &config,
+        config,
         "adam",
     );
     training_loop(
@@ -262,7 +275,7 @@ fn two_hundred_training_steps_match_a_local_variable() {
             })
             .unwrap()
         },
-        &config,
+        config,
         "adagrad",
     );
     training_loop(
@@ -274,7 +287,7 @@ fn two_hundred_training_steps_match_a_local_variable() {
             })
             .unwrap()
         },
-        &config,
+        config,
         "ftrl",
     );
 }
@@ -288,6 +301,12 @@ fn two_hundred_training_steps_match_a_local_variable() {
 #[test]
 fn a_batch_pipelined_in_chunks_trains_as_a_local_variable() {
     let server = Server::start();
+    for form in Form::BOTH {
+        pipelined_in_chunks(&form.config(server.config()));
+    }
+}
+
+fn pipelined_in_chunks(config: &RedisConfig) {
     let init = Initializer::RandomUniform {
         low: -0.5,
         high: 0.5,
@@ -296,9 +315,10 @@ fn a_batch_pipelined_in_chunks_trains_as_a_local_variable() {
     let remote = RedisVariable::<i64>::builder(unique_name("chunks"))
         .dim(2)
         .initializer(init.clone())
-        .config(server.config())
+        .config(config.clone())
         .build()
         .unwrap();
+    assert_eq!(remote.uses_module(), config.use_module);
     let local = Variable::<i64>::builder("chunks")
         .dim(2)
         .initializer(init)

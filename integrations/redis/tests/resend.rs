@@ -7,7 +7,8 @@
 //! server, so the resend applies nothing and returns the first run's
 //! reply: sums are exact, scores count one write, and an Adam step with
 //! its slots equals the same steps on a local `Variable`. The servers'
-//! command counts show the resend really ran.
+//! command counts show the resend really ran. Each test runs under both
+//! forms of the writes (`dynemb-redis-module`'s commands, Lua scripts).
 
 mod support;
 
@@ -18,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::thread::JoinHandle;
 use std::time::Duration;
-use support::Server;
+use support::{Form, Server};
 
 const DIM: usize = 4;
 const BUCKETS: u32 = 8;
@@ -27,39 +28,44 @@ const BUCKETS: u32 = 8;
 const COMMAND: Duration = Duration::from_secs(2);
 const FROZEN: Duration = Duration::from_millis(3000);
 
-fn config(server: &Server) -> RedisConfig {
-    RedisConfig {
+fn config(server: &Server, form: Form) -> RedisConfig {
+    form.config(RedisConfig {
         command_timeout: COMMAND,
         buckets: BUCKETS,
         ..server.config()
-    }
+    })
 }
 
-/// `EVALSHA` calls the server has run (scripts' writes and reads).
-fn evalsha_calls(server: &Server) -> u64 {
+/// Bucket writes the server has run: `EVALSHA` calls (scripts' writes and
+/// reads) and the module's commands (`dynemb.*`).
+fn write_calls(server: &Server) -> u64 {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query(&mut server.connection())
         .unwrap();
     info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_dynemb."))
+        .map(|l| {
+            let calls = l.split_once(":calls=").expect("calls=").1;
+            calls.split(',').next().unwrap().parse::<u64>().unwrap()
+        })
+        .sum()
 }
 
 /// Runs `write` once with the server running, then again with the server
 /// frozen for [`FROZEN`] from just before it; returns both results and
 /// asserts that the second one's scripts ran twice (sent, then resent).
 fn normal_then_frozen<T>(server: &Server, mut write: impl FnMut() -> T) -> (T, T) {
-    let start = evalsha_calls(server);
+    let start = write_calls(server);
     let normal = write();
-    let normal_calls = evalsha_calls(server) - start;
+    let normal_calls = write_calls(server) - start;
     assert!(normal_calls > 0, "the write runs scripts");
-    let start = evalsha_calls(server);
+    let start = write_calls(server);
     server.pause();
     let thaw = server.resume_after(FROZEN);
     let frozen = write();
     thaw.join().unwrap();
-    let frozen_calls = evalsha_calls(server) - start;
+    let frozen_calls = write_calls(server) - start;
     assert_eq!(
         frozen_calls,
         2 * normal_calls,
@@ -75,15 +81,25 @@ fn scores(var: &RedisVariable<i64>, keys: &[i64]) -> Vec<u64> {
 }
 
 #[test]
-fn a_resent_accum_upsert_or_insert_is_applied_once() {
+fn a_resent_accum_upsert_or_insert_is_applied_once_by_the_module() {
+    resent_accum_upsert_or_insert(Form::Module);
+}
+
+#[test]
+fn a_resent_accum_upsert_or_insert_is_applied_once_by_the_scripts() {
+    resent_accum_upsert_or_insert(Form::Lua);
+}
+
+fn resent_accum_upsert_or_insert(form: Form) {
     let server = Server::start();
     let var = RedisVariable::<i64>::builder("emb")
         .dim(DIM)
         .initializer(Initializer::Constant(0.5))
         .restrict_policy(RestrictPolicy::Frequency)
-        .config(config(&server))
+        .config(config(&server, form))
         .build()
         .unwrap();
+    assert_eq!(var.uses_module(), form == Form::Module);
     let keys: Vec<i64> = (0..200).collect();
     let n = keys.len();
 
@@ -233,7 +249,16 @@ fn rows_and_slots<S: EmbeddingStore<Key = i64>>(store: &S, keys: &[i64]) -> Vec<
 }
 
 #[test]
-fn a_resent_adam_step_is_applied_once() {
+fn a_resent_adam_step_is_applied_once_by_the_module() {
+    resent_adam_step(Form::Module);
+}
+
+#[test]
+fn a_resent_adam_step_is_applied_once_by_the_scripts() {
+    resent_adam_step(Form::Lua);
+}
+
+fn resent_adam_step(form: Form) {
     let server = Server::start();
     let init = Initializer::RandomNormal {
         mean: 0.0,
@@ -243,9 +268,10 @@ fn a_resent_adam_step_is_applied_once() {
     let var = RedisVariable::<i64>::builder("emb")
         .dim(DIM)
         .initializer(init.clone())
-        .config(config(&server))
+        .config(config(&server, form))
         .build()
         .unwrap();
+    assert_eq!(var.uses_module(), form == Form::Module);
     let local = Variable::<i64>::builder("emb")
         .dim(DIM)
         .initializer(init)
@@ -277,12 +303,12 @@ fn a_resent_adam_step_is_applied_once() {
     for step in 0..4 {
         let frozen = step == 2;
         store.armed.store(frozen, Ordering::SeqCst);
-        let start = evalsha_calls(&server);
+        let start = write_calls(&server);
         adam_remote.apply(&store, &keys, &grads).unwrap();
         if let Some(thaw) = store.thaw.lock().unwrap().take() {
             thaw.join().unwrap();
         }
-        let calls = evalsha_calls(&server) - start;
+        let calls = write_calls(&server) - start;
         match step {
             1 => normal_calls = calls,
             2 => assert_eq!(calls, 2 * normal_calls, "the write-back was resent once"),

@@ -9,7 +9,7 @@
 
 use dynemb_redis::RedisConfig;
 use std::net::TcpListener;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -50,6 +50,40 @@ pub fn absent_port() -> u16 {
     port
 }
 
+/// `dynemb-redis-module`'s shared library, which every server loads (see
+/// [`Server::start_with`]): built once per test process with `cargo build
+/// -p dynemb-redis-module` into the target directory this test binary was
+/// built in (`cargo test` builds no `cdylib`), so a test run needs nothing
+/// built by hand.
+pub fn module_path() -> PathBuf {
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let exe = std::env::current_exe().expect("the test binary's path");
+        // <target>/<profile>/deps/<test binary>
+        let target = exe
+            .ancestors()
+            .nth(3)
+            .expect("the test binary lives in <target>/<profile>/deps");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let out = Command::new(cargo)
+            .args(["build", "--locked", "--quiet", "-p", "dynemb-redis-module"])
+            .arg("--target-dir")
+            .arg(target)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("cargo runs");
+        assert!(
+            out.status.success(),
+            "building dynemb-redis-module failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let path = target.join("debug").join("libdynemb_redis_module.so");
+        assert!(path.exists(), "{} was not built", path.display());
+        path
+    })
+    .clone()
+}
+
 /// One `redis-server` process.
 pub struct Server {
     port: u16,
@@ -64,6 +98,12 @@ impl Server {
         Server::start_with(&[])
     }
 
+    /// A server without persistence and without `dynemb-redis-module`:
+    /// variables on it run their writes as Lua scripts.
+    pub fn start_without_module() -> Server {
+        Server::launch(&[], false)
+    }
+
     /// A server with extra `redis-server` arguments.
     ///
     /// The port is free when chosen but not held until `redis-server`
@@ -72,7 +112,15 @@ impl Server {
     /// server exits (`Address already in use`) and the start is tried
     /// again on another port; a server that answers on the port but is
     /// not this one never counts as started (see [`Server::answers`]).
+    ///
+    /// The server loads `dynemb-redis-module` ([`module_path`]), so
+    /// variables use its commands unless their config says
+    /// `use_module: false` (see [`Form`]).
     pub fn start_with(extra: &[&str]) -> Server {
+        Server::launch(extra, true)
+    }
+
+    fn launch(extra: &[&str], module: bool) -> Server {
         let mut attempt = 1;
         loop {
             // A directory of its own per attempt: nothing of a failed
@@ -96,6 +144,10 @@ impl Server {
             .iter()
             .map(|s| s.to_string())
             .collect();
+            if module {
+                args.push("--loadmodule".into());
+                args.push(module_path().to_str().unwrap().into());
+            }
             args.extend(extra.iter().map(|s| s.to_string()));
             let mut server = Server {
                 port,
@@ -406,4 +458,28 @@ pub fn join_worker(child: Child) {
 /// The value of a worker parameter.
 pub fn worker_param(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("worker parameter {name} is not set"))
+}
+
+/// How a variable's bucket writes run: as `dynemb-redis-module`'s
+/// commands (the servers here load it) or as Lua scripts. The tests of
+/// write semantics run under both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    /// The module's native commands.
+    Module,
+    /// The Lua scripts (`use_module: false`).
+    Lua,
+}
+
+impl Form {
+    /// Both forms.
+    pub const BOTH: [Form; 2] = [Form::Module, Form::Lua];
+
+    /// `config` set to use this form.
+    pub fn config(self, config: RedisConfig) -> RedisConfig {
+        RedisConfig {
+            use_module: self == Form::Module,
+            ..config
+        }
+    }
 }

@@ -1,0 +1,218 @@
+//! `dynemb-redis-module`'s commands on a real server, called directly:
+//! malformed calls are error replies that change nothing, and a write's
+//! record is read by either form (a Lua script's record answers a module
+//! command, and a module command's record unpacks in Lua as the script's
+//! own would). Their semantics under a variable are the other tests' (each
+//! runs under both forms).
+
+mod support;
+
+use redis::Value;
+use support::Server;
+
+const BUCKET: &[u8] = b"t:emb:{0}";
+
+fn row(version: &[u8; 8], score: u64, values: &[f32]) -> Vec<u8> {
+    let mut out = version.to_vec();
+    out.extend_from_slice(&score.to_le_bytes());
+    out.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+    out
+}
+
+fn floats(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// `DYNEMB.ACCUM` on [`BUCKET`] with `record` and the given arguments
+/// after the ttl.
+fn accum(conn: &mut redis::Connection, record: &str, rest: &[&[u8]]) -> redis::RedisResult<Value> {
+    let mut cmd = redis::cmd("DYNEMB.ACCUM");
+    cmd.arg(BUCKET).arg(record).arg(60_000);
+    for a in rest {
+        cmd.arg(*a);
+    }
+    cmd.query(conn)
+}
+
+/// The bucket's fields and rows.
+fn bucket(conn: &mut redis::Connection) -> Vec<(Vec<u8>, Vec<u8>)> {
+    redis::cmd("HGETALL").arg(BUCKET).query(conn).unwrap()
+}
+
+#[test]
+fn malformed_calls_are_errors_and_change_nothing() {
+    let server = Server::start();
+    let mut conn = server.connection();
+    let stored = row(b"VERSION0", 1, &[1.0, 2.0]);
+    let _: () = redis::cmd("HSET")
+        .arg(BUCKET)
+        .arg(b"key")
+        .arg(&stored)
+        .query(&mut conn)
+        .unwrap();
+    let short = row(b"VERSION0", 1, &[1.0]);
+    let _: () = redis::cmd("HSET")
+        .arg(BUCKET)
+        .arg(b"short")
+        .arg(&short)
+        .query(&mut conn)
+        .unwrap();
+    let d2 = floats(&[1.0, 1.0]);
+    let d1 = floats(&[1.0]);
+    let cases: Vec<(&str, Vec<&[u8]>)> = vec![
+        ("no scoring arguments", vec![]),
+        (
+            "an unknown score mode",
+            vec![b"x", b"", b"NEWVERS0", b"2", b"key", b"1", &d2],
+        ),
+        (
+            "a short stamp",
+            vec![b"t", b"abc", b"NEWVERS0", b"2", b"key", b"1", &d2],
+        ),
+        (
+            "dim is not a number",
+            vec![b"n", b"", b"NEWVERS0", b"two", b"key", b"1", &d2],
+        ),
+        (
+            "a row's arguments cut short",
+            vec![b"n", b"", b"NEWVERS0", b"2", b"key", b"1"],
+        ),
+        (
+            "exists is not 1 or 0",
+            vec![b"n", b"", b"NEWVERS0", b"2", b"key", b"yes", &d2],
+        ),
+        (
+            "deltas of the wrong length",
+            vec![b"n", b"", b"NEWVERS0", b"2", b"key", b"1", &d1],
+        ),
+        (
+            "a good row, then a stored row shorter than dim",
+            vec![
+                b"n",
+                b"",
+                b"NEWVERS0",
+                b"2",
+                b"key",
+                b"1",
+                &d2,
+                b"short",
+                b"1",
+                &d2,
+            ],
+        ),
+    ];
+    for (i, (what, rest)) in cases.iter().enumerate() {
+        let got = accum(&mut conn, &format!("rec{i}"), rest);
+        assert!(got.is_err(), "{what}: {got:?}");
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(format!("rec{i}"))
+            .query(&mut conn)
+            .unwrap();
+        assert!(!exists, "{what}: no record of a failed call");
+    }
+    let mut bad_ttl = redis::cmd("DYNEMB.UPSERT");
+    bad_ttl
+        .arg(BUCKET)
+        .arg("r")
+        .arg("soon")
+        .arg("n")
+        .arg("")
+        .arg("NEWVERS0");
+    assert!(
+        bad_ttl.query::<Value>(&mut conn).is_err(),
+        "a ttl that is not a number"
+    );
+    let mut no_ttl = redis::cmd("DYNEMB.WRITE_IF_UNCHANGED");
+    no_ttl.arg(BUCKET).arg("r");
+    assert!(
+        no_ttl.query::<Value>(&mut conn).is_err(),
+        "too few arguments"
+    );
+    let mut garbled = redis::cmd("SET");
+    garbled.arg("garbled").arg(b"\x92\x01");
+    let _: () = garbled.query(&mut conn).unwrap();
+    let got = accum(
+        &mut conn,
+        "garbled",
+        &[b"n", b"", b"NEWVERS0", b"2", b"key", b"1", &d2],
+    );
+    assert!(got.is_err(), "a garbled record: {got:?}");
+
+    let mut rows = bucket(&mut conn);
+    rows.sort();
+    assert_eq!(
+        rows,
+        vec![(b"key".to_vec(), stored), (b"short".to_vec(), short)],
+        "every row as it was"
+    );
+}
+
+#[test]
+fn records_are_read_by_either_form() {
+    let server = Server::start();
+    let mut conn = server.connection();
+    // A record a script wrote (`cmsgpack.pack` of its reply) answers the
+    // module's command, which then changes nothing.
+    let _: () = redis::cmd("EVAL")
+        .arg("redis.call('SET', KEYS[1], cmsgpack.pack({false, 'ab', 3, -1}))")
+        .arg(1)
+        .arg("lua-record")
+        .query(&mut conn)
+        .unwrap();
+    let d = floats(&[1.0]);
+    let got = accum(
+        &mut conn,
+        "lua-record",
+        &[b"n", b"", b"NEWVERS0", b"1", b"key", b"0", &d],
+    )
+    .unwrap();
+    assert_eq!(
+        got,
+        Value::Array(vec![
+            Value::Nil,
+            Value::BulkString(b"ab".to_vec()),
+            Value::Int(3),
+            Value::Int(-1),
+        ])
+    );
+    assert!(
+        bucket(&mut conn).is_empty(),
+        "the recorded call is not run again"
+    );
+
+    // The module's record of an insert (nil for the inserted row, the
+    // stored row for the other) unpacks in Lua as the script's reply.
+    let stored = row(b"VERSION0", 1, &[2.0]);
+    let _: () = redis::cmd("HSET")
+        .arg(BUCKET)
+        .arg(b"old")
+        .arg(&stored)
+        .query(&mut conn)
+        .unwrap();
+    let mut insert = redis::cmd("DYNEMB.INSERT_ABSENT");
+    insert
+        .arg(BUCKET)
+        .arg("module-record")
+        .arg(60_000)
+        .arg("n")
+        .arg("")
+        .arg("NEWVERS0")
+        .arg(b"new")
+        .arg(&d)
+        .arg(b"old")
+        .arg(&d);
+    let expected = Value::Array(vec![Value::Nil, Value::BulkString(stored)]);
+    assert_eq!(insert.query::<Value>(&mut conn).unwrap(), expected);
+    let in_lua: Value = redis::cmd("EVAL")
+        .arg("return cmsgpack.unpack(redis.call('GET', KEYS[1]))")
+        .arg(1)
+        .arg("module-record")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(in_lua, expected);
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg("module-record")
+        .query(&mut conn)
+        .unwrap();
+    assert!(ttl > 0 && ttl <= 60_000, "the record expires ({ttl} ms)");
+}
