@@ -128,6 +128,7 @@ fn take<'a>(rest: &mut &'a [u8], n: usize) -> Result<&'a [u8], String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn replies_round_trip() {
@@ -162,6 +163,38 @@ mod tests {
                 Reply::Int(-1)
             ])
         );
+    }
+
+    fn reply() -> impl Strategy<Value = Reply> {
+        let leaf = prop_oneof![
+            any::<i64>().prop_map(Reply::Int),
+            Just(Reply::Nil),
+            proptest::collection::vec(any::<u8>(), 0..300).prop_map(Reply::Bytes),
+        ];
+        leaf.prop_recursive(2, 64, 20, |inner| {
+            proptest::collection::vec(inner, 0..20).prop_map(Reply::Array)
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn any_reply_round_trips(reply in reply()) {
+            prop_assert_eq!(decode(&encode(&reply)).unwrap(), reply);
+        }
+
+        #[test]
+        fn any_bytes_decode_or_fail_without_panicking(
+            bytes in proptest::collection::vec(any::<u8>(), 0..64),
+        ) {
+            let _ = decode(&bytes);
+        }
+
+        #[test]
+        fn a_cut_record_is_an_error(reply in reply(), cut in any::<proptest::sample::Index>()) {
+            let bytes = encode(&reply);
+            let cut = cut.index(bytes.len());
+            prop_assert!(decode(&bytes[..cut]).is_err());
+        }
     }
 
     #[test]
