@@ -10,8 +10,8 @@
 //! - `upsert`: the second write of every row (the first pass fills the
 //!   table and is not timed);
 //! - `lookup`: every row read;
-//! - `accum`: bp_v2 `accum` of every row, added on the server (a Lua script
-//!   per bucket);
+//! - `accum`: bp_v2 `accum` of every row, added on the server (a module
+//!   command or a Lua script per bucket);
 //! - `apply`: `dynemb-optim`'s `SparseAdam::apply` through
 //!   `EmbeddingStore` (its first pass, which creates the `m` and `v`
 //!   columns: an optimistic read of rows and slots, the kernel here, a
@@ -22,7 +22,9 @@
 //! and the passes run twice: with the module's native commands (the
 //! `dynemb-redis` column, which the targets judge) and with the Lua
 //! scripts (`use_module: false`, the `Lua` column), each on a table of its
-//! own.
+//! own, the servers flushed in between. The servers' `INFO commandstats`
+//! must show the module's commands run in the first pass and none in the
+//! second, or the group fails.
 //!
 //! Against:
 //! 1. **a per-key client**, what a user writes by hand with the `redis`
@@ -413,12 +415,7 @@ pub fn run(shape: RedisShape, progress: &Progress) -> Result<RedisResults, Strin
         "redis: redis-benchmark --cluster -t set,get -P {PIPELINE} -d {row_bytes}"
     ));
     let benchmark = server_limit(&cluster, row_bytes, shape.keys)?;
-    for port in cluster.ports() {
-        let mut conn = connect(port).map_err(|e| e.to_string())?;
-        redis::cmd("FLUSHALL")
-            .query::<()>(&mut conn)
-            .map_err(|e| e.to_string())?;
-    }
+    flush(&cluster)?;
     let (set, get) = match (benchmark.get("SET"), benchmark.get("GET")) {
         (Some(&set), Some(&get)) => (set, get),
         _ => {
@@ -434,6 +431,7 @@ pub fn run(shape: RedisShape, progress: &Progress) -> Result<RedisResults, Strin
         .map(|_| rng.random_range(-0.1..0.1))
         .collect();
     let dynemb = batched(&cluster, shape, &keys, &values, true, progress)?;
+    flush(&cluster)?;
     let lua = batched(&cluster, shape, &keys, &values, false, progress)?;
     progress.note(format_args!(
         "redis: per-key client on {} keys",
@@ -510,6 +508,39 @@ fn server_limit(
     Ok(parse_benchmark(&String::from_utf8_lossy(&out.stdout)))
 }
 
+/// Empties every node (the benchmark's keys, a pass's table and records).
+fn flush(cluster: &LocalCluster) -> Result<(), String> {
+    for port in cluster.ports() {
+        let mut conn = connect(port).map_err(|e| e.to_string())?;
+        redis::cmd("FLUSHALL")
+            .query::<()>(&mut conn)
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// Calls of the module's commands (`dynemb.*` in `INFO commandstats`)
+/// that the nodes have run.
+fn module_calls(cluster: &LocalCluster) -> Result<u64, String> {
+    let mut calls = 0;
+    for port in cluster.ports() {
+        let mut conn = connect(port).map_err(|e| e.to_string())?;
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut conn)
+            .map_err(|e| e.to_string())?;
+        for line in info.lines().filter(|l| l.starts_with("cmdstat_dynemb.")) {
+            let count = line
+                .split_once(":calls=")
+                .and_then(|(_, rest)| rest.split(',').next())
+                .and_then(|n| n.parse::<u64>().ok())
+                .ok_or_else(|| format!("INFO commandstats: {line:?}"))?;
+            calls += count;
+        }
+    }
+    Ok(calls)
+}
+
 /// `RedisVariable`'s keys/s per op, one pass over every key each, its
 /// writes as the module's commands (`module`) or as Lua scripts.
 fn batched(
@@ -539,6 +570,7 @@ fn batched(
             "the {form} pass's variable does not use the {form} form"
         ));
     }
+    let calls_before = module_calls(cluster)?;
     let dim = shape.dim;
     let pass = |what: &str, op: &mut BatchOp<'_>| {
         let started = Instant::now();
@@ -576,6 +608,12 @@ fn batched(
         "apply",
         pass("apply (SparseAdam)", &mut |k, g| adam.apply(&var, k, g))?,
     );
+    let calls = module_calls(cluster)? - calls_before;
+    if (calls > 0) != module {
+        return Err(format!(
+            "the {form} pass ran {calls} module commands: its writes did not go as its form says"
+        ));
+    }
     var.destroy().map_err(|e| e.to_string())?;
     Ok(rates)
 }

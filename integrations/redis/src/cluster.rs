@@ -195,24 +195,26 @@ impl Cluster {
             .collect()
     }
 
-    /// Whether every node knows every one of `commands` (`COMMAND INFO`):
+    /// Whether every node serves every one of `commands` to this client:
     /// how a variable learns that the servers have `dynemb-redis-module`
-    /// loaded.
-    pub(crate) fn every_node_has(&self, commands: &[&str]) -> Result<bool> {
+    /// loaded and that its user may call the module's commands. Each is
+    /// sent without arguments, which the module answers with a
+    /// wrong-number-of-arguments error before it reads or writes anything;
+    /// any other answer (an unknown command, `NOPERM` for a user not
+    /// allowed it) means no.
+    pub(crate) fn every_node_serves(&self, commands: &[&str]) -> Result<bool> {
         let mut packed = Vec::new();
-        redis::cmd("COMMAND")
-            .arg("INFO")
-            .arg(commands)
-            .write_packed_command(&mut packed);
+        for command in commands {
+            redis::cmd(command).write_packed_command(&mut packed);
+        }
         for node in &self.topology().nodes {
-            let reply = node.exchange(&packed, 1)?.pop();
-            let Some(Value::Array(infos)) = reply else {
-                return Err(protocol(
-                    node.addr(),
-                    format!("COMMAND INFO gave {reply:?}"),
-                ));
+            let replies = node.exchange(&packed, commands.len())?;
+            let served = |reply: &Value| {
+                matches!(reply, Value::ServerError(e)
+                    if e.details().is_some_and(|d| d.contains("wrong number of arguments"))
+                        || e.code().contains("wrong number of arguments"))
             };
-            if infos.len() != commands.len() || infos.contains(&Value::Nil) {
+            if !replies.iter().all(served) {
                 return Ok(false);
             }
         }

@@ -186,7 +186,7 @@ impl<K: Key> RedisVariableBuilder<K> {
         self.config.validate()?;
         let cluster = Cluster::connect(&self.config)?;
         let native =
-            self.config.use_module && cluster.every_node_has(&scripts::native_commands())?;
+            self.config.use_module && cluster.every_node_serves(&scripts::native_commands())?;
         let prefix = &self.config.prefix;
         let store = format!("redis {prefix}:{}", self.name);
         let meta = Meta::new(

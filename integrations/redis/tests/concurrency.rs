@@ -16,7 +16,9 @@ mod support;
 use dynemb::Initializer;
 use dynemb_optim::{ParamsAdam, SparseAdam, SparseOptimizer};
 use dynemb_redis::{RedisConfig, RedisVariable};
-use support::{join_worker, spawn_worker, worker_param, Cluster, Form, Server, WORKER_ROLE};
+use support::{
+    join_worker, module_calls, spawn_worker, worker_param, Cluster, Form, Server, WORKER_ROLE,
+};
 
 const DIM: usize = 4;
 /// Keys every writer shares.
@@ -131,6 +133,7 @@ fn accum_from_four_threads_sums_exactly() {
 fn accum_from_two_processes_sums_exactly() {
     let server = Server::start();
     for form in Form::BOTH {
+        let before = module_calls([&server]);
         let var = open(server.config(), "accum_processes", form);
         prepare_shared(&var);
         let workers: Vec<_> = (0..2)
@@ -146,6 +149,12 @@ fn accum_from_two_processes_sums_exactly() {
             .collect();
         workers.into_iter().for_each(join_worker);
         check_accum_sums(&var, 2);
+        let calls = module_calls([&server]) - before;
+        assert_eq!(
+            calls > 0,
+            form == Form::Module,
+            "{form:?}: {calls} module calls"
+        );
     }
 }
 
@@ -222,6 +231,7 @@ fn check_adam(var: &RedisVariable<i64>, writers: usize) {
 fn adam_from_four_threads_loses_no_update() {
     let server = Server::start();
     for form in Form::BOTH {
+        let before = module_calls([&server]);
         let var = open(server.config(), "adam_threads", form);
         std::thread::scope(|s| {
             for w in 0..4 {
@@ -230,6 +240,12 @@ fn adam_from_four_threads_loses_no_update() {
             }
         });
         check_adam(&var, 4);
+        let calls = module_calls([&server]) - before;
+        assert_eq!(
+            calls > 0,
+            form == Form::Module,
+            "{form:?}: {calls} module calls"
+        );
     }
 }
 

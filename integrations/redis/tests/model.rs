@@ -15,7 +15,7 @@ mod support;
 use contract::{Maker, RowUpdate, Spec, Subject, TestKey};
 use dynemb::{Key, Result, SlotId};
 use dynemb_redis::{RedisConfig, RedisVariable};
-use support::{unique_name, Cluster, Form, Server};
+use support::{module_calls, unique_name, Cluster, Form, Server};
 
 /// Makes Redis variables on one set of servers, each under a new name,
 /// checking that they run their writes in the given form.
@@ -145,7 +145,13 @@ fn check_models(remote: &Remote, cases: u32, long: bool) {
 fn single_server_matches_the_models() {
     let server = Server::start();
     for form in Form::BOTH {
+        let before = module_calls([&server]);
         check_models(&Remote(form.config(server.config()), form), CASES, true);
+        let calls = module_calls([&server]) - before;
+        match form {
+            Form::Module => assert!(calls > 1000, "the writes ran as module commands ({calls})"),
+            Form::Lua => assert_eq!(calls, 0, "the writes ran as scripts"),
+        }
     }
 }
 
@@ -160,4 +166,7 @@ fn a_server_without_the_module_matches_the_models_with_scripts() {
 fn cluster_matches_the_models() {
     let cluster = Cluster::start(3);
     check_models(&Remote(cluster.config(), Form::Module), CASES / 2, false);
+    for server in &cluster.servers {
+        assert!(module_calls([server]) > 0, "every node ran module commands");
+    }
 }

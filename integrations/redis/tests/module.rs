@@ -1,12 +1,16 @@
-//! `dynemb-redis-module`'s commands on a real server, called directly:
-//! malformed calls are error replies that change nothing, and a write's
-//! record is read by either form (a Lua script's record answers a module
-//! command, and a module command's record unpacks in Lua as the script's
-//! own would). Their semantics under a variable are the other tests' (each
-//! runs under both forms).
+//! `dynemb-redis-module`'s commands on a real server: malformed calls are
+//! error replies that change nothing; a write's record is read by either
+//! form (a Lua script's record answers a module command, and a module
+//! command's record unpacks in Lua as the script's own would); a resent
+//! write is answered from its record even when the server is over its
+//! memory limit, while a new one is refused whole; a variable whose user
+//! may not call the module's commands uses the scripts. Their semantics
+//! under a variable are the other tests' (each runs under both forms).
 
 mod support;
 
+use dynemb::Initializer;
+use dynemb_redis::{RedisConfig, RedisVariable};
 use redis::Value;
 use support::Server;
 
@@ -63,32 +67,48 @@ fn malformed_calls_are_errors_and_change_nothing() {
         ("no scoring arguments", vec![]),
         (
             "an unknown score mode",
-            vec![b"x", b"", b"NEWVERS0", b"2", b"key", b"1", &d2],
+            vec![&b"x"[..], b"", b"NEWVERS0", b"2", b"key", b"1", &d2],
         ),
         (
             "a short stamp",
-            vec![b"t", b"abc", b"NEWVERS0", b"2", b"key", b"1", &d2],
+            vec![&b"t"[..], b"abc", b"NEWVERS0", b"2", b"key", b"1", &d2],
         ),
         (
             "dim is not a number",
-            vec![b"n", b"", b"NEWVERS0", b"two", b"key", b"1", &d2],
+            vec![&b"n"[..], b"", b"NEWVERS0", b"two", b"key", b"1", &d2],
         ),
         (
             "a row's arguments cut short",
-            vec![b"n", b"", b"NEWVERS0", b"2", b"key", b"1"],
+            vec![&b"n"[..], b"", b"NEWVERS0", b"2", b"key", b"1"],
         ),
         (
             "exists is not 1 or 0",
-            vec![b"n", b"", b"NEWVERS0", b"2", b"key", b"yes", &d2],
+            vec![&b"n"[..], b"", b"NEWVERS0", b"2", b"key", b"yes", &d2],
         ),
         (
             "deltas of the wrong length",
-            vec![b"n", b"", b"NEWVERS0", b"2", b"key", b"1", &d1],
+            vec![&b"n"[..], b"", b"NEWVERS0", b"2", b"key", b"1", &d1],
+        ),
+        (
+            "a dim whose bytes overflow",
+            vec![
+                &b"n"[..],
+                b"",
+                b"NEWVERS0",
+                b"4611686018427387904",
+                b"key",
+                b"1",
+                &d2,
+            ],
+        ),
+        (
+            "a version of 3 bytes",
+            vec![&b"n"[..], b"", b"NEW", b"2", b"key", b"1", &d2],
         ),
         (
             "a good row, then a stored row shorter than dim",
             vec![
-                b"n",
+                &b"n"[..],
                 b"",
                 b"NEWVERS0",
                 b"2",
@@ -215,4 +235,102 @@ fn records_are_read_by_either_form() {
         .query(&mut conn)
         .unwrap();
     assert!(ttl > 0 && ttl <= 60_000, "the record expires ({ttl} ms)");
+}
+
+#[test]
+fn over_maxmemory_a_resend_gets_its_record_and_a_new_write_changes_nothing() {
+    let server = Server::start();
+    let mut conn = server.connection();
+    let d = floats(&[1.0]);
+    let args: [&[u8]; 7] = [b"f", b"", b"NEWVERS0", b"1", b"key", b"0", &d];
+    assert_eq!(
+        accum(&mut conn, "first", &args).unwrap(),
+        Value::Array(vec![])
+    );
+    let before = bucket(&mut conn);
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(1)
+        .query(&mut conn)
+        .unwrap();
+    // The resend of the applied write: its recorded reply, no error.
+    assert_eq!(
+        accum(&mut conn, "first", &args).unwrap(),
+        Value::Array(vec![])
+    );
+    // A new write (an add to the row): refused before it writes
+    // anything, and no record.
+    let add: [&[u8]; 7] = [b"f", b"", b"NEWVERS1", b"1", b"key", b"1", &d];
+    let refused = accum(&mut conn, "second", &add).unwrap_err();
+    assert!(refused.to_string().contains("OOM"), "{refused}");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(0)
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(
+        bucket(&mut conn),
+        before,
+        "the rows as the first write left them"
+    );
+    let recorded: bool = redis::cmd("EXISTS").arg("second").query(&mut conn).unwrap();
+    assert!(!recorded, "a refused write leaves no record");
+}
+
+/// A variable opened as `user` (password `pw`) on `server`.
+fn open_as(server: &Server, user: &str, name: &str) -> RedisVariable<i64> {
+    RedisVariable::<i64>::builder(name)
+        .dim(2)
+        .initializer(Initializer::Zeros)
+        .config(RedisConfig {
+            username: Some(user.into()),
+            password: Some("pw".into()),
+            ..server.config()
+        })
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_user_not_allowed_the_modules_commands_gets_the_scripts() {
+    let server = Server::start();
+    let mut conn = server.connection();
+    // Enough for the scripts, but no module command (in Redis 7.0 they
+    // belong to no ACL category, so `+@write` does not grant them) and no
+    // `COMMAND`.
+    let base =
+        "on >pw ~* &* +@read +@write +@scripting +@keyspace +@connection +cluster|slots +info";
+    for (user, extra) in [("scripts", ""), ("scripts_and_command", " +command")] {
+        let mut acl = redis::cmd("ACL");
+        acl.arg("SETUSER").arg(user);
+        for rule in format!("{base}{extra}").split_whitespace() {
+            acl.arg(rule);
+        }
+        let _: () = acl.query(&mut conn).unwrap();
+        let var = open_as(&server, user, user);
+        assert!(
+            !var.uses_module(),
+            "{user}: the module's commands are not allowed"
+        );
+        var.accum(&[1], &[1.0, 2.0], &[false]).unwrap();
+        var.accum(&[1], &[1.0, 2.0], &[true]).unwrap();
+        let mut row = [0.0; 2];
+        var.lookup(&[1], &mut row).unwrap();
+        assert_eq!(row, [2.0, 4.0], "{user}");
+    }
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("everything")
+        .arg("on")
+        .arg(">pw")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .query(&mut conn)
+        .unwrap();
+    let var = open_as(&server, "everything", "everything");
+    assert!(var.uses_module());
+    var.accum(&[1], &[1.0, 2.0], &[false]).unwrap();
 }

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::thread::JoinHandle;
 use std::time::Duration;
-use support::{Form, Server};
+use support::{module_calls, Form, Server};
 
 const DIM: usize = 4;
 const BUCKETS: u32 = 8;
@@ -175,6 +175,11 @@ fn resent_accum_upsert_or_insert(form: Form) {
     first.unwrap();
     second.unwrap();
     assert_eq!(var.size().unwrap(), n - 10);
+    assert_eq!(
+        module_calls([&server]) > 0,
+        form == Form::Module,
+        "the writes ran in the {form:?} form"
+    );
 }
 
 /// A Redis variable whose `update_rows` freezes its server once, after
@@ -323,4 +328,9 @@ fn resent_adam_step(form: Form) {
         );
     }
     assert!(normal_calls > 0, "the write-back runs scripts");
+    assert_eq!(
+        module_calls([&server]) > 0,
+        form == Form::Module,
+        "the writes ran in the {form:?} form"
+    );
 }

@@ -17,7 +17,13 @@
 //! | `DYNEMB.WRITE_IF_UNCHANGED bucket record ttl [field expected row]...` | `WRITE_IF_UNCHANGED` |
 //!
 //! Each takes the script's `KEYS` then its `ARGV` and answers what the
-//! script answers ([`rows`] says what each does to the rows).
+//! script answers ([`rows`] says what each does to the rows, and where a
+//! corrupt stored row makes the native form stricter than the script).
+//!
+//! Needs Redis 7.0 or later. In Redis 7.0 a module's commands belong to
+//! no ACL category, so a user restricted by categories (`+@write`) needs
+//! them by name (`+dynemb.accum` ...) or `+@all`; a client that may not
+//! call them uses the scripts (`dynemb-redis` checks at open).
 //!
 //! # Invariants
 //!
@@ -29,15 +35,25 @@
 //!   `ttl` milliseconds), as the scripts do: a resent write is applied
 //!   once. Records are the same format as the scripts', so either form
 //!   reads the other's.
-//! - **A malformed call changes nothing**: every argument is checked and
-//!   the new rows computed before the first write; an error is an error
-//!   reply.
+//! - **A malformed call changes nothing**: every argument is checked (the
+//!   record's TTL bounded, so that recording cannot fail after the rows
+//!   are written) and the new rows computed before the first write; an
+//!   error is an error reply. A panic (a bug) is caught and answered as an
+//!   error, never unwound into the server.
+//! - **Memory**: a command that finds its record answers it whatever the
+//!   server's memory (a resent write must get its first run's answer); a
+//!   new write is refused whole when the server is over `maxmemory` (its
+//!   `HSET` runs with the OOM check, before anything is written), so the
+//!   commands do not carry `deny-oom` themselves. The commands' transient
+//!   copies use the system allocator, outside Redis's `maxmemory`
+//!   accounting (a few times the call's arguments).
 //! - **Replication**: the writes (`HSET`, `SET`) are replicated as
 //!   effects, as a script's are.
 //!
 //! The only `unsafe` is the C entry point and command shims that the
 //! `redis-module` crate's `redis_module!` macro generates.
 #![warn(missing_docs)]
+#![deny(unsafe_code)]
 
 pub mod record;
 pub mod rows;
@@ -50,6 +66,14 @@ use rows::{lossy, AccumEntry, Effect, Guarded, Reply, Scoring};
 
 /// Arguments before the per-row ones: `bucket record ttl`.
 const WRITE_ARGS: usize = 3;
+
+/// Longest record TTL, in milliseconds (a year; `dynemb-redis` asks for at
+/// most four days): a `SET .. PX` of it cannot fail after the rows are
+/// written.
+const MAX_TTL_MS: u64 = 365 * 24 * 60 * 60 * 1000;
+
+/// Bytes of a write's version.
+const VERSION_BYTES: usize = 8;
 
 /// A bucket write's common arguments and the rows it names.
 struct Call<'a> {
@@ -70,10 +94,10 @@ impl<'a> Call<'a> {
         let valid_ttl = std::str::from_utf8(ttl)
             .ok()
             .and_then(|t| t.parse::<u64>().ok())
-            .is_some_and(|t| t > 0);
+            .is_some_and(|t| (1..=MAX_TTL_MS).contains(&t));
         if !valid_ttl {
             return Err(error(format!(
-                "the record's ttl {:?} is not a positive integer",
+                "the record's ttl {:?} is not a whole number of milliseconds in 1..={MAX_TTL_MS}",
                 lossy(ttl)
             )));
         }
@@ -91,12 +115,24 @@ fn error(message: String) -> RedisError {
     RedisError::String(format!("ERR dynemb: {message}"))
 }
 
-fn options(write: bool) -> CallOptions {
+/// How a command runs inside a module command.
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    /// A read.
+    Read,
+    /// A write, replicated as an effect.
+    Write,
+    /// A write that is refused (before it runs) when Redis is over its
+    /// `maxmemory`, replicated as an effect.
+    WriteUnlessOom,
+}
+
+fn options(mode: Mode) -> CallOptions {
     let builder = CallOptionsBuilder::new().errors_as_replies();
-    if write {
-        builder.replicate().build()
-    } else {
-        builder.build()
+    match mode {
+        Mode::Read => builder.build(),
+        Mode::Write => builder.replicate().build(),
+        Mode::WriteUnlessOom => builder.replicate().verify_oom().build(),
     }
 }
 
@@ -105,9 +141,9 @@ fn run_command(
     ctx: &Context,
     command: &str,
     args: &[&[u8]],
-    write: bool,
+    mode: Mode,
 ) -> Result<CallReply<'static>, RedisError> {
-    let result: CallResult<'static> = ctx.call_ext(command, &options(write), args);
+    let result: CallResult<'static> = ctx.call_ext(command, &options(mode), args);
     result.map_err(|e| {
         error(format!(
             "{command} failed: {}",
@@ -118,7 +154,7 @@ fn run_command(
 
 /// The recorded reply of this write, if it ran before.
 fn recorded(ctx: &Context, call: &Call<'_>) -> Result<Option<Reply>, RedisError> {
-    match run_command(ctx, "GET", &[call.record], false)? {
+    match run_command(ctx, "GET", &[call.record], Mode::Read)? {
         CallReply::String(s) => record::decode(s.as_bytes()).map(Some).map_err(error),
         CallReply::Null(_) => Ok(None),
         other => Err(error(format!("GET of a record gave {other:?}"))),
@@ -137,7 +173,7 @@ fn read_rows(
     let mut args = Vec::with_capacity(fields.len() + 1);
     args.push(bucket);
     args.extend_from_slice(fields);
-    let CallReply::Array(rows) = run_command(ctx, "HMGET", &args, false)? else {
+    let CallReply::Array(rows) = run_command(ctx, "HMGET", &args, Mode::Read)? else {
         return Err(error("HMGET gave no array".into()));
     };
     rows.iter()
@@ -158,10 +194,15 @@ fn apply(ctx: &Context, call: &Call<'_>, effect: Effect) -> RedisResult {
             args.push(field);
             args.push(row);
         }
-        run_command(ctx, "HSET", &args, true)?;
+        run_command(ctx, "HSET", &args, Mode::WriteUnlessOom)?;
     }
     let record = record::encode(&effect.reply);
-    run_command(ctx, "SET", &[call.record, &record, b"PX", call.ttl], true)?;
+    run_command(
+        ctx,
+        "SET",
+        &[call.record, &record, b"PX", call.ttl],
+        Mode::Write,
+    )?;
     Ok(value(effect.reply))
 }
 
@@ -209,6 +250,12 @@ fn scored<'a, 'b>(rest: &'b [&'a [u8]]) -> Result<Scored<'a, 'b>, RedisError> {
     let [mode, stamp, version, tail @ ..] = rest else {
         return Err(RedisError::WrongArity);
     };
+    if version.len() != VERSION_BYTES {
+        return Err(error(format!(
+            "a version is {VERSION_BYTES} bytes, got {}",
+            version.len()
+        )));
+    }
     Ok(Scored {
         scoring: Scoring::new(mode, stamp).map_err(error)?,
         version,
@@ -248,15 +295,15 @@ fn pairs_write(ctx: &Context, args: &[RedisString], apply: PairsWrite) -> RedisR
 type PairsWrite =
     fn(Scoring, &[u8], &[(&[u8], &[u8])], &[Option<Vec<u8>>]) -> Result<Effect, String>;
 
-fn insert_absent(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+fn insert_absent_command(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     pairs_write(ctx, &args, rows::insert_absent)
 }
 
-fn upsert(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+fn upsert_command(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     pairs_write(ctx, &args, rows::upsert)
 }
 
-fn accum(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+fn accum_command(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     bucket_write(ctx, &args, |rest, stored_of| {
         let Scored {
             scoring,
@@ -286,7 +333,7 @@ fn accum(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     })
 }
 
-fn write_if_unchanged(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+fn write_if_unchanged_command(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     bucket_write(ctx, &args, |rest, stored_of| {
         let entries: Vec<Guarded<'_>> = groups(rest, 3)?
             .map(|t| Guarded {
@@ -301,11 +348,41 @@ fn write_if_unchanged(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     })
 }
 
+/// Runs a command's handler; a panic (a bug: every input is checked) is an
+/// error reply, not an abort of the server (a panic must not unwind into
+/// Redis's C code).
+fn guarded(
+    ctx: &Context,
+    args: Vec<RedisString>,
+    handler: fn(&Context, Vec<RedisString>) -> RedisResult,
+) -> RedisResult {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(ctx, args)))
+        .unwrap_or_else(|_| Err(error("internal error (a panic) in the command".into())))
+}
+
 /// The module's entry point (`RedisModule_OnLoad`) and command shims,
-/// which the `redis_module!` macro generates.
+/// which the `redis_module!` macro generates (the crate's only `unsafe`),
+/// and the commands, each [`guarded`].
+#[allow(unsafe_code)]
 mod entry {
-    use super::{accum, insert_absent, upsert, write_if_unchanged};
-    use redis_module::redis_module;
+    use super::guarded;
+    use redis_module::{redis_module, Context, RedisResult, RedisString};
+
+    fn insert_absent(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+        guarded(ctx, args, super::insert_absent_command)
+    }
+
+    fn upsert(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+        guarded(ctx, args, super::upsert_command)
+    }
+
+    fn accum(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+        guarded(ctx, args, super::accum_command)
+    }
+
+    fn write_if_unchanged(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+        guarded(ctx, args, super::write_if_unchanged_command)
+    }
 
     redis_module! {
         name: "dynemb",
@@ -315,10 +392,10 @@ mod entry {
         allocator: (std::alloc::System, std::alloc::System),
         data_types: [],
         commands: [
-            ["dynemb.insert_absent", insert_absent, "write deny-oom", 1, 2, 1, ""],
-            ["dynemb.upsert", upsert, "write deny-oom", 1, 2, 1, ""],
-            ["dynemb.accum", accum, "write deny-oom", 1, 2, 1, ""],
-            ["dynemb.write_if_unchanged", write_if_unchanged, "write deny-oom", 1, 2, 1, ""],
+            ["dynemb.insert_absent", insert_absent, "write", 1, 2, 1, ""],
+            ["dynemb.upsert", upsert, "write", 1, 2, 1, ""],
+            ["dynemb.accum", accum, "write", 1, 2, 1, ""],
+            ["dynemb.write_if_unchanged", write_if_unchanged, "write", 1, 2, 1, ""],
         ],
     }
 }

@@ -12,11 +12,22 @@
 //!
 //! Invariant: a function either returns every row to write and its reply,
 //! or an error and nothing to write (a malformed call changes nothing).
+//!
+//! Where rows are well formed (every stored row has its header and at
+//! least `dim` values), each function gives the script's rows and reply
+//! byte for byte. On a corrupt stored row the native form is stricter:
+//! it refuses the whole call, where a script may have failed part way
+//! (Lua scripts are not rolled back) or, for `accum` with dim 0 or an
+//! overflow refused before the short part, gone on.
 
 use std::collections::HashMap;
 
 /// Bytes before a row's values: version and score.
 pub const HEADER: usize = 16;
+
+/// Most bytes of a row's values a call may name (512 MiB, Redis's largest
+/// string): a larger `dim` is an error, not an overflow.
+pub const MAX_ROW_BYTES: usize = 512 << 20;
 
 /// A reply, as the Lua scripts give it.
 #[derive(Debug, Clone, PartialEq)]
@@ -220,7 +231,10 @@ pub fn accum(
     entries: &[AccumEntry<'_>],
     stored: &[Option<Vec<u8>>],
 ) -> Result<Effect, String> {
-    let width = 4 * dim;
+    let width = dim
+        .checked_mul(4)
+        .filter(|&w| w <= MAX_ROW_BYTES)
+        .ok_or_else(|| format!("dim {dim} is too large"))?;
     if let Some(bad) = entries.iter().find(|e| e.deltas.len() != width) {
         return Err(format!(
             "deltas of {} bytes for dim {dim}",
@@ -456,6 +470,12 @@ mod tests {
     #[test]
     fn malformed_accums_change_nothing() {
         let d = floats(&[1.0]);
+        for dim in [usize::MAX, usize::MAX / 4 + 1, MAX_ROW_BYTES / 4 + 1] {
+            assert!(
+                accum(freq(), V, dim, &[entry(b"k", true, &d)], &[None]).is_err(),
+                "dim {dim}"
+            );
+        }
         assert!(
             accum(freq(), V, 2, &[entry(b"k", true, &d)], &[None]).is_err(),
             "short deltas"

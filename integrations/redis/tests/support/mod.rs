@@ -52,9 +52,10 @@ pub fn absent_port() -> u16 {
 
 /// `dynemb-redis-module`'s shared library, which every server loads (see
 /// [`Server::start_with`]): built once per test process with `cargo build
-/// -p dynemb-redis-module` into the target directory this test binary was
-/// built in (`cargo test` builds no `cdylib`), so a test run needs nothing
-/// built by hand.
+/// --profile test -p dynemb-redis-module` into the target directory this
+/// test binary was built in (`cargo test` builds no `cdylib`; the test
+/// profile reuses the dependencies the tests built), so a test run needs
+/// nothing built by hand.
 pub fn module_path() -> PathBuf {
     static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     PATH.get_or_init(|| {
@@ -66,7 +67,8 @@ pub fn module_path() -> PathBuf {
             .expect("the test binary lives in <target>/<profile>/deps");
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let out = Command::new(cargo)
-            .args(["build", "--locked", "--quiet", "-p", "dynemb-redis-module"])
+            .args(["build", "--locked", "--quiet", "--profile", "test"])
+            .args(["-p", "dynemb-redis-module"])
             .arg("--target-dir")
             .arg(target)
             .current_dir(env!("CARGO_MANIFEST_DIR"))
@@ -482,4 +484,27 @@ impl Form {
             ..config
         }
     }
+}
+
+/// Calls of `dynemb-redis-module`'s commands (`dynemb.*` in `INFO
+/// commandstats`) that `servers` have run: proof that a variable's writes
+/// really went as the module's commands (or, unchanged, that they did
+/// not).
+pub fn module_calls<'a>(servers: impl IntoIterator<Item = &'a Server>) -> u64 {
+    servers
+        .into_iter()
+        .map(|server| {
+            let info: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query(&mut server.connection())
+                .unwrap();
+            info.lines()
+                .filter(|l| l.starts_with("cmdstat_dynemb."))
+                .map(|l| {
+                    let calls = l.split_once(":calls=").expect("calls=").1;
+                    calls.split(',').next().unwrap().parse::<u64>().unwrap()
+                })
+                .sum::<u64>()
+        })
+        .sum()
 }
