@@ -17,6 +17,15 @@ pub enum Error {
     /// length, a gradient missing from the `GradStore`, ...
     #[error("invalid input: {0}")]
     InvalidInput(String),
+    /// A training step's loss is NaN or infinite: the step was refused
+    /// before any table, slot, step count or dense variable changed, and
+    /// the batches it recorded were dropped. A caller may skip the batch
+    /// and go on.
+    #[error("the loss is {loss}, not finite: the step was refused and its batches dropped")]
+    NonFiniteLoss {
+        /// The first value of the loss that is not finite.
+        loss: f32,
+    },
     /// An error from the embedding table or the sparse optimizer.
     #[error(transparent)]
     Table(#[from] dynemb::Error),

@@ -285,7 +285,10 @@ impl<R: Rule> SparseStep<R> {
 
     /// `loss.backward()`, then one step of the dense optimizer `dense` (a
     /// candle-nn optimizer over the model's other variables) and one sparse
-    /// step over `modules`, from the same gradients. Everything the sparse
+    /// step over `modules`, from the same gradients. A loss with a NaN or
+    /// infinite value is refused ([`Error::NonFiniteLoss`]) before
+    /// anything changes, even when the bad value never reaches an
+    /// embedding's gradient. Everything the sparse
     /// step checks (the gradients, the stores, the learning rate of the
     /// next step) is checked before the dense step, so an error there
     /// changes no table, no step count and no dense variable. An error of
@@ -306,11 +309,13 @@ impl<R: Rule> SparseStep<R> {
     ) -> Result<()> {
         let grads = loss.backward()?;
         let modules = distinct(modules);
-        let stepped = self.gather(&grads, &modules).and_then(|gathered| {
-            self.optimizer.check_next_step()?;
-            dense.step(&grads)?;
-            Ok(gathered)
-        });
+        let stepped = check_loss(loss)
+            .and_then(|()| self.gather(&grads, &modules))
+            .and_then(|gathered| {
+                self.optimizer.check_next_step()?;
+                dense.step(&grads)?;
+                Ok(gathered)
+            });
         match stepped {
             Ok(gathered) => self.apply(&gathered, &modules),
             Err(e) => {
@@ -346,6 +351,18 @@ impl<R: Rule> SparseStep<R> {
             module.discard_gathered(gathered);
         }
         applied
+    }
+}
+
+/// An [`Error::NonFiniteLoss`] if any value of `loss` is NaN or infinite.
+fn check_loss(loss: &Tensor) -> Result<()> {
+    let values = loss
+        .flatten_all()?
+        .to_dtype(candle_core::DType::F32)?
+        .to_vec1::<f32>()?;
+    match values.into_iter().find(|v| !v.is_finite()) {
+        Some(loss) => Err(Error::NonFiniteLoss { loss }),
+        None => Ok(()),
     }
 }
 

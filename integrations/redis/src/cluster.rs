@@ -211,8 +211,7 @@ impl Cluster {
             let replies = node.exchange(&packed, commands.len())?;
             let served = |reply: &Value| {
                 matches!(reply, Value::ServerError(e)
-                    if e.details().is_some_and(|d| d.contains("wrong number of arguments"))
-                        || e.code().contains("wrong number of arguments"))
+                    if e.details().is_some_and(|d| d.contains("wrong number of arguments")))
             };
             if !replies.iter().all(served) {
                 return Ok(false);
@@ -374,8 +373,8 @@ impl Cluster {
         }
         // Each node's pipeline, sized first (a large batch is not copied
         // as it grows).
+        let asking = redis::cmd("ASKING").get_packed_command();
         for (_, packed, ats) in &mut groups {
-            let asking = redis::cmd("ASKING").get_packed_command();
             let len: usize = ats
                 .iter()
                 .map(|&at| {

@@ -29,10 +29,11 @@
 //! fifth; eight chunks of a 65,536-key batch instead of four, about a
 //! tenth more, in an interleaved A/B of three pairs). The update itself
 //! always runs on the calling thread, in order. Decision: a few large
-//! chunks, because each costs a command per bucket on both round trips. A row is still written only if unchanged
-//! since its own read, so chunks change nothing about atomicity; a round
-//! that fails (a corrupt row, a node down) may have written its earlier
-//! chunks, as a failed batch may have written some nodes.
+//! chunks, because each costs a command per bucket on both round trips.
+//! A row is still written only if unchanged since its own read, so
+//! chunks change nothing about atomicity; a round that fails (a corrupt
+//! row, a node down) may have written its earlier chunks, as a failed
+//! batch may have written some nodes.
 //!
 //! So an update is applied to the row exactly as stored, once: concurrent
 //! updates, accumulations and upserts of a key (from threads or
@@ -220,7 +221,10 @@ impl<K: Key> RedisVariable<K> {
             // on one chunk here, another thread writes the previous chunk
             // back and reads the next one.
             let chunks: Vec<&[usize]> = pending.chunks(chunk_len(pending.len())).collect();
-            let mut rows = self.fetch_targets(&targets, chunks[0])?;
+            let mut rows = self
+                .write_and_fetch(&targets, &[], Some(chunks[0]))?
+                .1
+                .expect("a chunk was read");
             let mut to_write: Vec<Computed> = Vec::new();
             let mut conflicts: Vec<usize> = Vec::new();
             let mut round_refused = HashMap::new();
@@ -270,7 +274,7 @@ impl<K: Key> RedisVariable<K> {
                     rows = next_rows;
                 }
             }
-            conflicts.extend(self.write_computed(&targets, &to_write)?);
+            conflicts.extend(self.write_and_fetch(&targets, &to_write, None)?.0);
             for (t, refusal) in round_refused {
                 if !conflicts.contains(&t) && refused.is_none_or(|(first, _)| refusal.0 < first) {
                     refused = Some(refusal);
@@ -390,19 +394,13 @@ impl<K: Key> RedisVariable<K> {
         Ok((Some(new), refused))
     }
 
-    /// The stored rows of `targets[chunk]` (`None`: absent), in order.
-    fn fetch_targets(&self, targets: &[Target], chunk: &[usize]) -> Result<StoredRows> {
-        let bits: Vec<u64> = chunk.iter().map(|&t| targets[t].bits).collect();
-        let grouped = Grouped::new(&bits, self.buckets())?;
-        self.fetch(&bits, &grouped)
-    }
-
-    /// [`Self::write_computed`] of `writing` and [`Self::fetch_targets`]
-    /// of `next` (if any), in one round trip: both go in the same
+    /// Writes `writing` back (see [`RedisVariable::write_if_unchanged`])
+    /// and reads the stored rows of `targets[next]` (if any; `None` for an
+    /// absent row, in order), in one round trip: both go in the same
     /// pipelines (they touch different keys: chunks of a round are
     /// disjoint), so the servers go from one to the other without waiting
     /// for this client. Returns the targets whose rows changed meanwhile
-    /// and the next chunk's rows.
+    /// (not written) and the rows read.
     fn write_and_fetch(
         &self,
         targets: &[Target],
@@ -435,16 +433,6 @@ impl<K: Key> RedisVariable<K> {
             .map(|(bits, grouped)| self.fetched_rows(&bits, &grouped, read_replies))
             .transpose()?;
         Ok((conflicts, rows))
-    }
-
-    /// Writes `computed` back (see [`RedisVariable::write_if_unchanged`]);
-    /// returns the targets whose rows changed meanwhile.
-    fn write_computed(&self, targets: &[Target], computed: &[Computed]) -> Result<Vec<usize>> {
-        Ok(self
-            .write_if_unchanged(&versioned(targets, computed))?
-            .into_iter()
-            .map(|i| computed[i].target)
-            .collect())
     }
 
     /// Writes each row of `writes` whose stored version is still the

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::thread::JoinHandle;
 use std::time::Duration;
-use support::{module_calls, Form, Server};
+use support::{command_calls, module_calls, Form, Server};
 
 const DIM: usize = 4;
 const BUCKETS: u32 = 8;
@@ -39,17 +39,9 @@ fn config(server: &Server, form: Form) -> RedisConfig {
 /// Bucket writes the server has run: `EVALSHA` calls (scripts' writes and
 /// reads) and the module's commands (`dynemb.*`).
 fn write_calls(server: &Server) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut server.connection())
-        .unwrap();
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_dynemb."))
-        .map(|l| {
-            let calls = l.split_once(":calls=").expect("calls=").1;
-            calls.split(',').next().unwrap().parse::<u64>().unwrap()
-        })
-        .sum()
+    command_calls(server, |name| {
+        name == "evalsha" || name.starts_with("dynemb.")
+    })
 }
 
 /// Runs `write` once with the server running, then again with the server

@@ -486,25 +486,27 @@ impl Form {
     }
 }
 
-/// Calls of `dynemb-redis-module`'s commands (`dynemb.*` in `INFO
-/// commandstats`) that `servers` have run: proof that a variable's writes
-/// really went as the module's commands (or, unchanged, that they did
-/// not).
+/// Calls `server` has run of the commands whose `INFO commandstats` name
+/// (lower case, as `evalsha` or `dynemb.accum`) `counted` accepts.
+pub fn command_calls(server: &Server, counted: impl Fn(&str) -> bool) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.connection())
+        .unwrap();
+    info.lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_"))
+        .filter_map(|l| l.split_once(":calls="))
+        .filter(|(name, _)| counted(name))
+        .map(|(_, rest)| rest.split(',').next().unwrap().parse::<u64>().unwrap())
+        .sum()
+}
+
+/// Calls of `dynemb-redis-module`'s commands (`dynemb.*`) that `servers`
+/// have run: proof that a variable's writes really went as the module's
+/// commands (or, unchanged, that they did not).
 pub fn module_calls<'a>(servers: impl IntoIterator<Item = &'a Server>) -> u64 {
     servers
         .into_iter()
-        .map(|server| {
-            let info: String = redis::cmd("INFO")
-                .arg("commandstats")
-                .query(&mut server.connection())
-                .unwrap();
-            info.lines()
-                .filter(|l| l.starts_with("cmdstat_dynemb."))
-                .map(|l| {
-                    let calls = l.split_once(":calls=").expect("calls=").1;
-                    calls.split(',').next().unwrap().parse::<u64>().unwrap()
-                })
-                .sum::<u64>()
-        })
+        .map(|server| command_calls(server, |name| name.starts_with("dynemb.")))
         .sum()
 }
