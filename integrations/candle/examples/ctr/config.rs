@@ -57,11 +57,20 @@
 //! reachable node of a cluster is enough). The table is
 //! `<--redis-prefix>:ctr/embeddings` (prefix [`DEFAULT_REDIS_PREFIX`]):
 //! the name is the local table's, so a checkpoint moves between the two.
-//! A run starts by clearing that table (rows left by an earlier run would
-//! change the result) and destroys it at the end unless `--redis-keep`;
+//! A new run starts by clearing that table (rows left by an earlier run
+//! would change the result), a resumed one by restoring its checkpoint's
+//! table into it, and either destroys it at the end unless `--redis-keep`;
 //! two runs at once on one Redis need different prefixes. The flags are
 //! checked here (`host:port`, no `{`/`}` in the prefix); whether the
 //! servers answer is found out when the table opens.
+//!
+//! Decision: `--checkpoint DIR` keeps the run: a checkpoint after every
+//! epoch, every `--checkpoint-every` steps, and at the end (see
+//! `checkpoint` for the layout and why a crash never loses one).
+//! `--resume` continues it and `--overwrite` replaces it; without either, a
+//! run refuses a directory that already holds a checkpoint. The three need
+//! `--checkpoint`, and `--resume` excludes `--overwrite`. Whether a resumed
+//! run asks for the same run is checked against the checkpoint, not here.
 //!
 //! The ground truth's AUC (about 0.785) is out of reach of any model of
 //! this much data: ranking by the true weights of the ids seen at least 20
@@ -142,7 +151,16 @@ training:
   --max-size N           most rows kept in the embedding table; beyond it the
                          least recently trained are evicted down to 90% (default:
                          no limit; at least --batch x fields)
-  --checkpoint DIR       save the trained model to DIR (default: a temporary one)
+  --checkpoint DIR       keep the run in DIR: a checkpoint after every epoch and at
+                         the end (default: the model goes to a temporary directory
+                         for the reload check and is not kept)
+  --checkpoint-every N   also a checkpoint every N training steps (needs --checkpoint)
+  --resume               continue the run whose checkpoint is in --checkpoint DIR:
+                         same data and model flags; --epochs and --steps count in
+                         total; --threads, --checkpoint-every, --summary and the
+                         --redis flags may change
+  --overwrite            start a new run even though --checkpoint DIR holds one; the
+                         old checkpoint is replaced by this run's first checkpoint
 redis (the table in Redis instead of this process's memory):
   --redis HOST:PORT,..   a Redis server, or nodes of a Redis Cluster (one reachable
                          node is enough); the table is PREFIX:ctr/embeddings, cleared
@@ -194,8 +212,16 @@ pub struct Config {
     pub threads_from: ThreadsFrom,
     /// Most rows kept in the embedding table; `None`: no limit.
     pub max_size: Option<usize>,
-    /// Where to save the trained embeddings.
+    /// Where the run keeps its checkpoints (`--checkpoint`).
     pub checkpoint: Option<PathBuf>,
+    /// Training steps between periodic checkpoints (`--checkpoint-every`).
+    pub checkpoint_every: Option<u64>,
+    /// Whether to continue the run checkpointed in
+    /// [`Config::checkpoint`] (`--resume`).
+    pub resume: bool,
+    /// Whether a new run may replace the checkpoint in
+    /// [`Config::checkpoint`] (`--overwrite`).
+    pub overwrite: bool,
     /// Whether `--quick` set the small sizes.
     pub quick: bool,
     /// Whether to stream an epoch first and report on the data.
@@ -311,6 +337,9 @@ struct Given {
     threads: Option<usize>,
     max_size: Option<usize>,
     checkpoint: Option<PathBuf>,
+    checkpoint_every: Option<u64>,
+    resume: bool,
+    overwrite: bool,
     redis: Option<Vec<String>>,
     redis_prefix: Option<String>,
     redis_keep: bool,
@@ -342,13 +371,15 @@ impl Config {
                 return Err(ConfigError::Repeated(name));
             }
             seen.push(name.clone());
-            if name == "--quick" || name == "--summary" || name == "--redis-keep" {
+            if SWITCHES.contains(&name.as_str()) {
                 if let Some(value) = inline {
                     return Err(bad(&name, "no value", &value));
                 }
                 match name.as_str() {
                     "--quick" => given.quick = true,
                     "--summary" => given.summary = true,
+                    "--resume" => given.resume = true,
+                    "--overwrite" => given.overwrite = true,
                     _ => given.redis_keep = true,
                 }
                 continue;
@@ -370,6 +401,15 @@ impl Config {
     }
 }
 
+/// Flags without a value.
+const SWITCHES: [&str; 5] = [
+    "--quick",
+    "--summary",
+    "--resume",
+    "--overwrite",
+    "--redis-keep",
+];
+
 /// Flags that take a value.
 fn is_value_flag(name: &str) -> bool {
     [
@@ -385,6 +425,7 @@ fn is_value_flag(name: &str) -> bool {
         "--threads",
         "--max-size",
         "--checkpoint",
+        "--checkpoint-every",
         "--redis",
         "--redis-prefix",
     ]
@@ -407,6 +448,7 @@ impl Given {
             "--steps" => self.steps = Some(positive(name, &value)? as u64),
             "--threads" => self.threads = Some(positive(name, &value)?),
             "--max-size" => self.max_size = Some(positive(name, &value)?),
+            "--checkpoint-every" => self.checkpoint_every = Some(positive(name, &value)? as u64),
             "--redis" => self.redis = Some(nodes(name, &value)?),
             "--redis-prefix" => {
                 if value.is_empty() || value.contains(['{', '}']) {
@@ -509,7 +551,28 @@ impl Given {
             }
             None => None,
         };
+        if self.checkpoint.is_none() {
+            for (flag, given) in [
+                ("--resume", self.resume),
+                ("--overwrite", self.overwrite),
+                ("--checkpoint-every", self.checkpoint_every.is_some()),
+            ] {
+                if given {
+                    return Err(ConfigError::Conflict(format!(
+                        "{flag} needs --checkpoint DIR (where the run's checkpoints are)"
+                    )));
+                }
+            }
+        }
+        if self.resume && self.overwrite {
+            return Err(ConfigError::Conflict(
+                "--resume continues the checkpointed run, --overwrite replaces it: give one".into(),
+            ));
+        }
         Ok(Config {
+            checkpoint_every: self.checkpoint_every,
+            resume: self.resume,
+            overwrite: self.overwrite,
             redis,
             data,
             eval_samples,
@@ -639,7 +702,7 @@ impl fmt::Display for Config {
         write!(
             f,
             ", {} held out, seed {}{}{}\ntraining: dim {}, batch {}, epochs {}, steps {}, \
-             max size {}, checkpoint {}\nthreads: {} (from {}): candle's CPU pool \
+             max size {}, checkpoint {}{}{}{}\nthreads: {} (from {}): candle's CPU pool \
              ({THREADS_VAR}) and the table's shards",
             self.eval_samples,
             self.seed,
@@ -651,6 +714,10 @@ impl fmt::Display for Config {
             or_none(self.steps.map(|s| s.to_string())),
             or_none(self.max_size.map(|s| s.to_string())),
             or_none(self.checkpoint.as_ref().map(|p| p.display().to_string())),
+            self.checkpoint_every
+                .map_or(String::new(), |n| format!(" and every {n} steps")),
+            if self.resume { ", resuming" } else { "" },
+            if self.overwrite { ", overwriting" } else { "" },
             self.threads,
             self.threads_from,
         )?;
@@ -792,6 +859,72 @@ mod tests {
             Err(ConfigError::Repeated("--redis".into()))
         );
         for flag in ["--redis HOST:PORT", "--redis-prefix", "--redis-keep"] {
+            assert!(USAGE.contains(flag), "{flag}");
+        }
+    }
+
+    #[test]
+    fn checkpoint_flags() {
+        let c = config(&[]);
+        assert_eq!(
+            (c.checkpoint_every, c.resume, c.overwrite),
+            (None, false, false)
+        );
+        let c = config(&[
+            "--checkpoint",
+            "run",
+            "--checkpoint-every=1_000",
+            "--resume",
+        ]);
+        assert_eq!(
+            (
+                c.checkpoint.as_deref(),
+                c.checkpoint_every,
+                c.resume,
+                c.overwrite
+            ),
+            (Some(std::path::Path::new("run")), Some(1000), true, false)
+        );
+        let shown = c.to_string();
+        assert!(
+            shown.contains("checkpoint run and every 1000 steps, resuming"),
+            "{shown}"
+        );
+        let c = config(&["--overwrite", "--checkpoint", "run"]);
+        assert!(c.overwrite && !c.resume);
+        assert!(c.to_string().contains("checkpoint run, overwriting"));
+        for alone in [
+            &["--resume"][..],
+            &["--overwrite"],
+            &["--checkpoint-every", "10"],
+        ] {
+            match parse(alone) {
+                Err(ConfigError::Conflict(message)) => {
+                    assert!(
+                        message.starts_with(alone[0]) && message.contains("--checkpoint DIR"),
+                        "{message}"
+                    )
+                }
+                other => panic!("{alone:?} gave {other:?}"),
+            }
+        }
+        match parse(&["--checkpoint", "run", "--resume", "--overwrite"]) {
+            Err(ConfigError::Conflict(message)) => {
+                assert!(message.contains("--resume") && message.contains("--overwrite"))
+            }
+            other => panic!("{other:?}"),
+        }
+        refused(
+            &["--checkpoint", "d", "--checkpoint-every", "0"],
+            "--checkpoint-every",
+            "0",
+        );
+        refused(&["--resume=yes"], "--resume", "yes");
+        assert_eq!(
+            parse(&["--checkpoint", "d", "--overwrite", "--overwrite"]),
+            Err(ConfigError::Repeated("--overwrite".into()))
+        );
+        for flag in ["--checkpoint-every N", "--resume", "--overwrite"] {
             assert!(USAGE.contains(flag), "{flag}");
         }
     }

@@ -471,6 +471,38 @@ mod tests {
         assert!(matches!(source.next_batch(0), Err(DataError::Invalid(_))));
     }
 
+    /// Skipping batches (by reading them) lands on the next unseen line.
+    #[test]
+    fn skipping_batches_lands_on_the_next_line() {
+        let lines: Vec<String> = (0..9).map(|i| good("0", &i.to_string())).collect();
+        let data = file(&lines, "\n");
+        let mut read = Criteo::open(data.path(), None, 2).unwrap();
+        let all = epoch(&mut read, 2).unwrap();
+        let mut source = Criteo::open(data.path(), None, 2).unwrap();
+        assert_eq!(source.skip_batches(2, 2).unwrap(), 2);
+        assert_eq!(source.next_batch(2).unwrap().as_ref(), Some(&all[2]));
+        assert_eq!(source.skip_batches(5, 2).unwrap(), 1);
+        assert_eq!(source.next_batch(2).unwrap(), None);
+    }
+
+    /// A held-out slice without a click is refused at open by
+    /// `check_held_out`.
+    #[test]
+    fn a_held_out_slice_without_clicks_is_found_at_open() {
+        let mut lines: Vec<String> = (0..6).map(|i| good("0", &i.to_string())).collect();
+        lines[0] = good("1", "0");
+        let data = file(&lines, "\n");
+        let source = Criteo::open(data.path(), None, 3).unwrap();
+        let message = crate::source::check_held_out(source.eval_set())
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains("--eval-samples 3"), "{message}");
+        lines[5] = good("1", "5");
+        let data = file(&lines, "\n");
+        let source = Criteo::open(data.path(), None, 3).unwrap();
+        crate::source::check_held_out(source.eval_set()).unwrap();
+    }
+
     /// Each kind of malformed line, as line 3 of 5, gives an error naming
     /// line 3: from `next_batch` when it is a training line, from `open`
     /// when it is held out.

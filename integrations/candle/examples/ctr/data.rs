@@ -464,6 +464,22 @@ impl DataSource for Synthetic {
     fn eval_set(&self) -> &EvalSet {
         &self.eval
     }
+
+    /// Moves past the samples without generating them (each sample is a
+    /// function of its index).
+    fn skip_batches(&mut self, batches: u64, batch_size: usize) -> Result<u64> {
+        check_batch_size(batch_size)?;
+        let left = self.config.train_samples.saturating_sub(self.next);
+        let skipped = batches.min(left.div_ceil(batch_size) as u64);
+        let samples = usize::try_from(skipped)
+            .unwrap_or(usize::MAX)
+            .saturating_mul(batch_size);
+        self.next = self
+            .config
+            .train_samples
+            .min(self.next.saturating_add(samples));
+        Ok(skipped)
+    }
 }
 
 #[cfg(test)]
@@ -523,6 +539,29 @@ mod tests {
         }
         assert_eq!(whole, pieces);
         assert!(b.next_batch(0).is_err());
+    }
+
+    /// Skipping batches lands where reading them would, without reading.
+    #[test]
+    fn skipping_batches_lands_where_reading_does() {
+        for (skip, batch) in [(0, 7), (3, 7), (14, 7), (15, 7), (100, 7), (2, 100)] {
+            let mut read = source(3, 100, 10, 9);
+            let mut skipped = source(3, 100, 10, 9);
+            let mut read_count = 0;
+            while read_count < skip && read.next_batch(batch).unwrap().is_some() {
+                read_count += 1;
+            }
+            assert_eq!(
+                skipped.skip_batches(skip, batch).unwrap(),
+                read_count,
+                "{skip} of {batch}"
+            );
+            assert_eq!(
+                skipped.next_batch(batch).unwrap(),
+                read.next_batch(batch).unwrap(),
+                "{skip} of {batch}"
+            );
+        }
     }
 
     #[test]

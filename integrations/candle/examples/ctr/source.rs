@@ -111,6 +111,32 @@ pub trait DataSource {
 
     /// The held-out set.
     fn eval_set(&self) -> &EvalSet;
+
+    /// Skips the next `batches` batches of `batch_size` samples (fewer if
+    /// the epoch ends first), as if read; returns how many it skipped. The
+    /// default reads them.
+    fn skip_batches(&mut self, batches: u64, batch_size: usize) -> Result<u64> {
+        let mut skipped = 0;
+        while skipped < batches && self.next_batch(batch_size)?.is_some() {
+            skipped += 1;
+        }
+        Ok(skipped)
+    }
+}
+
+/// Checks that the held-out set has clicks and non-clicks, without which
+/// its AUC is undefined: an error naming `--eval-samples` otherwise, found
+/// when the data is opened rather than after an epoch of training.
+pub fn check_held_out(eval: &EvalSet) -> Result<()> {
+    let labels = &eval.samples.labels;
+    let positives = labels.iter().filter(|&&label| label == 1.0).count();
+    if positives == 0 || positives == labels.len() {
+        return Err(DataError::OneClass {
+            samples: labels.len(),
+            positives,
+        });
+    }
+    Ok(())
 }
 
 /// Why data could not be read or generated.
@@ -147,6 +173,18 @@ pub enum DataError {
         /// Held-out lines asked for.
         eval: usize,
     },
+    /// The held-out set has only clicks or only non-clicks.
+    #[error(
+        "the held-out set (--eval-samples {samples}) has {positives} clicks and {} \
+         non-clicks; its AUC needs both: raise --eval-samples",
+        samples - positives
+    )]
+    OneClass {
+        /// Held-out samples.
+        samples: usize,
+        /// Clicks among them.
+        positives: usize,
+    },
     /// A parameter no source can work with (zero batch size, too many
     /// fields, ...).
     #[error("invalid data parameter: {0}")]
@@ -180,6 +218,23 @@ mod tests {
         let last = feature_id(MAX_FIELDS - 1, 0);
         assert!(last < 0);
         assert_eq!(field_of(last), MAX_FIELDS - 1);
+    }
+
+    #[test]
+    fn a_held_out_set_of_one_class_is_refused_naming_the_flag() {
+        let eval = |labels: Vec<f32>| EvalSet {
+            samples: Batch {
+                ids: vec![0; labels.len()],
+                labels,
+                fields: 1,
+            },
+            truth: None,
+        };
+        check_held_out(&eval(vec![0.0, 1.0, 0.0])).unwrap();
+        for labels in [vec![0.0; 3], vec![1.0; 2]] {
+            let message = check_held_out(&eval(labels)).unwrap_err().to_string();
+            assert!(message.contains("--eval-samples"), "{message}");
+        }
     }
 
     #[test]

@@ -17,9 +17,12 @@
 //!
 //! Decision: the Redis table ([`open_redis`]) is named like the local one
 //! (`ctr/embeddings`), under `--redis-prefix`, with the same initializer
-//! and restrict policy; a run clears it first, so rows left by an earlier
-//! run (`--redis-keep`, or a run that was killed) do not change the
-//! result. A table of the same name and prefix with other settings (another
+//! and restrict policy. A new run clears it first, so rows left by an
+//! earlier run (`--redis-keep`, or a run that was killed) do not change the
+//! result; a resumed run leaves it to the trainer, which replaces its
+//! contents with the checkpoint's table, so that table, MLP and optimizer
+//! step are those of one moment of the run (rows trained after the last
+//! checkpoint, by a run that then stopped, are replaced too). A table of the same name and prefix with other settings (another
 //! `--dim` or `--seed`) is refused when it opens, with a hint to use
 //! another prefix.
 
@@ -135,12 +138,13 @@ impl CtrTable for RedisVariable<i64> {
 }
 
 /// Opens the Redis table `choice` describes for `dim`-wide rows from
-/// `seed` (the local table's settings) and clears it; returns it with the
-/// number of rows an earlier run had left in it.
+/// `seed` (the local table's settings), and clears it if `clear`; returns
+/// it with the number of rows an earlier run had left in it.
 pub fn open_redis(
     choice: &RedisChoice,
     dim: usize,
     seed: u64,
+    clear: bool,
 ) -> crate::train::Result<(RedisVariable<i64>, usize)> {
     let config = RedisConfig {
         nodes: choice.nodes.clone(),
@@ -165,7 +169,7 @@ pub fn open_redis(
             }
         })?;
     let left = table.size()?;
-    if left > 0 {
+    if clear && left > 0 {
         table.clear()?;
     }
     Ok((table, left))
@@ -238,7 +242,7 @@ mod tests {
             keep: false,
         };
         let config = model();
-        let (table, left) = open_redis(&choice, config.dim, config.seed).unwrap();
+        let (table, left) = open_redis(&choice, config.dim, config.seed, true).unwrap();
         assert_eq!(left, 0);
         let handle = table.clone();
         let remote = train(Trainer::with_table(config.clone(), table).unwrap());
@@ -283,10 +287,10 @@ mod tests {
 
         // Reopened (a run with `--redis-keep` before): cleared first.
         drop(remote);
-        let (again, left) = open_redis(&choice, config.dim, config.seed).unwrap();
+        let (again, left) = open_redis(&choice, config.dim, config.seed, true).unwrap();
         assert_eq!((left, again.rows().unwrap()), (rows, 0));
         // Other settings under the same prefix: refused, naming the flag.
-        let message = open_redis(&choice, config.dim + 1, config.seed)
+        let message = open_redis(&choice, config.dim + 1, config.seed, true)
             .unwrap_err()
             .to_string();
         assert!(message.contains("--redis-prefix"), "{message}");

@@ -21,12 +21,21 @@
 //! inserts: held-out ids never seen in training read their initial rows,
 //! and the table's size is unchanged.
 //!
-//! A checkpoint is a directory with the table (`embeddings/`, dynemb's
-//! safetensors format, slots `m` and `v` and the timestamps included), the
-//! sparse optimizer's state (`sparse_adam.json`: step count and
-//! hyperparameters) and the MLP (`mlp.safetensors`). candle-nn's `AdamW`
-//! does not expose its moments, so a resumed run starts the MLP's
-//! optimizer afresh; predictions depend only on the saved weights.
+//! A step whose loss is NaN or infinite is refused by the sparse step
+//! before anything changes (no row, slot, step count or MLP weight), and
+//! [`Trainer::step`] reports it as [`Step::Skipped`]: the caller counts it
+//! and goes on. Its forward pass may have inserted the batch's unseen ids
+//! at their initial rows (what a lookup of a missing id reads anyway), and
+//! the `--max-size` bound is kept as after any step.
+//!
+//! [`Trainer::save`] writes the model's part of a checkpoint (see
+//! `checkpoint` for the directory and its crash safety): the table
+//! (`embeddings/`, dynemb's safetensors format, slots `m` and `v` and the
+//! timestamps included), the sparse optimizer's state (`sparse_adam.json`:
+//! step count and hyperparameters) and the MLP (`mlp.safetensors`).
+//! candle-nn's `AdamW` keeps its moments private, so a resumed run
+//! ([`Trainer::resume`]) starts the MLP's optimizer afresh; predictions
+//! depend only on the saved weights. Errors name the file they concern.
 //! [`check_reload`] compares a reloaded model with the trained one: table
 //! size, sparse optimizer steps, the rows and Adam slots of sampled keys,
 //! and held-out predictions, all bit for bit.
@@ -45,6 +54,7 @@ use dynemb::Variable;
 use dynemb_candle::SparseStep;
 use dynemb_optim::{ParamsAdam, SparseAdam};
 
+use crate::checkpoint::{MLP_FILE, SPARSE_FILE, TABLE_DIR};
 use crate::model::{bce_with_logits, embedding_table, ids_tensor, init_mlp, CtrModel};
 use crate::source::Batch;
 use crate::table::CtrTable;
@@ -114,12 +124,17 @@ impl Trainer {
     /// optimizer state).
     pub fn load(config: ModelConfig, dir: &Path) -> Result<Self> {
         let table = embedding_table(config.dim, config.shards, config.seed)?;
-        CtrTable::restore(&table, &dir.join("embeddings"))?;
-        let mut mlp = VarMap::new();
-        let trainer = Self::assemble(config, table, mlp.clone(), Some(dir))?;
-        mlp.load(dir.join("mlp.safetensors"))?;
-        Ok(trainer)
+        Self::resume(config, table, dir)
     }
+}
+
+/// What [`Trainer::step`] did with a batch.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Step {
+    /// Trained on it; its loss.
+    Trained(f32),
+    /// Refused it before changing anything: its loss was not finite.
+    Skipped(f32),
 }
 
 impl<T: CtrTable> Trainer<T> {
@@ -128,6 +143,23 @@ impl<T: CtrTable> Trainer<T> {
     /// an MLP initialized from the seed.
     pub fn with_table(config: ModelConfig, table: T) -> Result<Self> {
         Self::assemble(config, table, VarMap::new(), None)
+    }
+
+    /// The model of the checkpoint at `dir` over `table`, whose contents
+    /// the checkpoint's table replaces: the table, the MLP's weights and
+    /// the sparse optimizer's state (its step count included) are the
+    /// checkpoint's; the MLP's AdamW starts afresh (see the module docs).
+    pub fn resume(config: ModelConfig, table: T, dir: &Path) -> Result<Self> {
+        let tables = dir.join(TABLE_DIR);
+        table
+            .restore(&tables)
+            .map_err(|e| named(&tables, "cannot restore the table", e))?;
+        let mut mlp = VarMap::new();
+        let trainer = Self::assemble(config, table, mlp.clone(), Some(dir))?;
+        let weights = dir.join(MLP_FILE);
+        mlp.load(&weights)
+            .map_err(|e| named(&weights, "cannot load the MLP", e))?;
+        Ok(trainer)
     }
 
     /// Builds the model over `table` and `mlp` (whose variables the model
@@ -149,7 +181,10 @@ impl<T: CtrTable> Trainer<T> {
             ..Default::default()
         })?;
         if let Some(dir) = checkpoint {
-            sparse.restore_state(dir.join("sparse_adam.json"))?;
+            let state = dir.join(SPARSE_FILE);
+            sparse
+                .restore_state(&state)
+                .map_err(|e| named(&state, "cannot restore the sparse optimizer", e))?;
         }
         let dense = candle_nn::AdamW::new(
             mlp.all_vars(),
@@ -170,20 +205,29 @@ impl<T: CtrTable> Trainer<T> {
         })
     }
 
-    /// One training step on `batch`; returns its loss.
-    pub fn step(&mut self, batch: &Batch) -> Result<f32> {
+    /// One training step on `batch`: [`Step::Trained`] with its loss, or
+    /// [`Step::Skipped`] if its loss is not finite (nothing was trained;
+    /// see the module docs). Any other error may come after part of the
+    /// step was applied (a Redis node failing mid-write, say).
+    pub fn step(&mut self, batch: &Batch) -> Result<Step> {
         let ids = ids_tensor(&batch.ids, self.config.fields, &self.device)?;
         let labels = Tensor::from_slice(&batch.labels, batch.len(), &self.device)?;
         let logits = self.model.forward(&ids, true)?;
         let loss = bce_with_logits(&logits, &labels)?;
-        self.sparse
-            .backward_step(&loss, &mut self.dense, &[&self.model.embedding])?;
+        let step = match self
+            .sparse
+            .backward_step(&loss, &mut self.dense, &[&self.model.embedding])
+        {
+            Ok(()) => Step::Trained(loss.to_scalar::<f32>()?),
+            Err(dynemb_candle::Error::NonFiniteLoss { loss }) => Step::Skipped(loss),
+            Err(e) => return Err(e.into()),
+        };
         if let Some(max) = self.config.max_size {
             if self.table.rows()? > max {
                 self.evicted += self.table.restrict(reserved_rows(max), max)?;
             }
         }
-        Ok(loss.to_scalar::<f32>()?)
+        Ok(step)
     }
 
     /// Click probabilities for `samples`, in inference mode (nothing is
@@ -202,15 +246,29 @@ impl<T: CtrTable> Trainer<T> {
     }
 
     /// Writes the table, the sparse optimizer's state and the MLP into
-    /// `dir` (created if missing).
+    /// `dir` (created if missing; see the module docs). Errors name the
+    /// file.
     pub fn save(&self, dir: &Path) -> Result<()> {
-        std::fs::create_dir_all(dir)?;
-        self.table.save(&dir.join("embeddings"))?;
+        std::fs::create_dir_all(dir).map_err(|e| named(dir, "cannot create", e))?;
+        let tables = dir.join(TABLE_DIR);
+        self.table
+            .save(&tables)
+            .map_err(|e| named(&tables, "cannot save the table", e))?;
+        let state = dir.join(SPARSE_FILE);
         self.sparse
             .optimizer()
-            .save_state(dir.join("sparse_adam.json"))?;
-        self.mlp.save(dir.join("mlp.safetensors"))?;
+            .save_state(&state)
+            .map_err(|e| named(&state, "cannot save the sparse optimizer", e))?;
+        let weights = dir.join(MLP_FILE);
+        self.mlp
+            .save(&weights)
+            .map_err(|e| named(&weights, "cannot save the MLP", e))?;
         Ok(())
+    }
+
+    /// Sets the count of rows evicted so far (a resumed run's).
+    pub fn set_evicted(&mut self, evicted: usize) {
+        self.evicted = evicted;
     }
 
     /// The embedding table.
@@ -231,6 +289,17 @@ impl<T: CtrTable> Trainer<T> {
     /// What the model is.
     pub fn config(&self) -> &ModelConfig {
         &self.config
+    }
+}
+
+/// An error saying `what` failed at `path`, with `error`'s message; the
+/// path is left out of the message when `error` names it already.
+fn named(path: &Path, what: &str, error: impl std::fmt::Display) -> Box<dyn std::error::Error> {
+    let message = error.to_string();
+    if message.contains(&path.display().to_string()) {
+        format!("{what}: {message}").into()
+    } else {
+        format!("{what}: {}: {message}", path.display()).into()
     }
 }
 
@@ -392,7 +461,9 @@ mod tests {
         for epoch in 0..2 {
             source.rewind().unwrap();
             while let Some(batch) = source.next_batch(1024).unwrap() {
-                let loss = trainer.step(&batch).unwrap();
+                let Step::Trained(loss) = trainer.step(&batch).unwrap() else {
+                    panic!("a batch was skipped");
+                };
                 assert!(loss.is_finite());
                 if epoch == 0 && first_losses.len() < 5 {
                     first_losses.push(loss);
@@ -515,6 +586,65 @@ mod tests {
         assert_ne!(mlp_bits(&fresh), mlp_bits(&trainer));
         let reloaded = Trainer::load(other_seed, dir.path()).unwrap();
         assert_eq!(mlp_bits(&reloaded), mlp_bits(&trainer));
+    }
+
+    /// A batch whose loss is NaN is skipped: no row, slot, step count or
+    /// MLP weight changes, and the next batch trains.
+    #[test]
+    fn a_non_finite_loss_is_skipped_and_changes_nothing() {
+        let mut trainer = trained(config(None), 3, 256);
+        let keys = sample_keys(trainer.table(), RELOAD_KEYS).unwrap();
+        let state = |trainer: &Trainer| {
+            let table = trainer.table();
+            let mut rows = vec![0.0; keys.len() * 8];
+            table.lookup(&keys, &mut rows).unwrap();
+            let mut all = bits(&rows);
+            for slot in ADAM_SLOTS {
+                table
+                    .lookup_slot(table.slot_id(slot).unwrap(), &keys, &mut rows)
+                    .unwrap();
+                all.extend(bits(&rows));
+            }
+            (all, mlp_bits(trainer), trainer.steps())
+        };
+        let before = state(&trainer);
+        let mut source = data();
+        let mut batch = source.next_batch(256).unwrap().unwrap();
+        batch.labels[5] = f32::NAN;
+        match trainer.step(&batch).unwrap() {
+            Step::Skipped(loss) => assert!(loss.is_nan()),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            before == state(&trainer),
+            "a skipped batch changed the model"
+        );
+        let batch = source.next_batch(256).unwrap().unwrap();
+        assert!(matches!(trainer.step(&batch).unwrap(), Step::Trained(_)));
+        assert_eq!(trainer.steps(), 4);
+    }
+
+    #[test]
+    fn load_errors_name_the_file() {
+        let trainer = trained(config(None), 2, 256);
+        let dir = tempfile::tempdir().unwrap();
+        trainer.save(dir.path()).unwrap();
+        for file in [MLP_FILE, SPARSE_FILE] {
+            let copy = tempfile::tempdir().unwrap();
+            trainer.save(copy.path()).unwrap();
+            std::fs::remove_file(copy.path().join(file)).unwrap();
+            let message = Trainer::load(config(None), copy.path())
+                .err()
+                .unwrap()
+                .to_string();
+            let path = copy.path().join(file).display().to_string();
+            assert!(message.contains(&path), "{message}");
+        }
+        let message = Trainer::load(config(None), &dir.path().join("absent"))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(message.contains("absent"), "{message}");
     }
 
     #[test]
