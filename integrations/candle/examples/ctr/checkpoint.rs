@@ -289,10 +289,9 @@ impl std::fmt::Display for Progress {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} epochs done, next batch {} of epoch {}, {} steps, {} batches skipped",
-            self.epochs_done,
-            self.batch,
+            "next epoch {} at batch {}, {} steps, {} batches skipped",
             self.epochs_done + 1,
+            self.batch,
             self.steps,
             self.skipped
         )

@@ -164,8 +164,9 @@ training:
 redis (the table in Redis instead of this process's memory):
   --redis HOST:PORT,..   a Redis server, or nodes of a Redis Cluster (one reachable
                          node is enough); the table is PREFIX:ctr/embeddings, cleared
-                         at the start and destroyed at the end; the reload check
-                         restores the checkpoint into a local table
+                         at the start (--resume: replaced by the checkpoint's table)
+                         and destroyed at the end; the reload check restores the
+                         checkpoint into a local table
   --redis-prefix PREFIX  namespace of the table's Redis keys (default ctr; no { or });
                          concurrent runs on one Redis need different prefixes
   --redis-keep           keep the Redis table after the run

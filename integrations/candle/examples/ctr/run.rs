@@ -1100,6 +1100,71 @@ mod tests {
         assert_eq!(resumed.read, reference.read[2..]);
     }
 
+    /// With `--redis`, a resumed run replaces the Redis table's rows
+    /// (trained after the checkpoint, say) with the checkpoint's table, so
+    /// table, MLP and step count are those of the checkpoint, and goes on
+    /// from there.
+    #[test]
+    fn a_resumed_redis_run_restores_its_checkpoint_into_the_redis_table() {
+        let server = crate::redis_support::Server::start();
+        let addr = server.addr();
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("ckpt");
+        let path = dir.display().to_string();
+        let redis = |extra: &[&str]| {
+            let mut args = vec![
+                "--redis",
+                &addr,
+                "--redis-prefix",
+                "ctr_resume",
+                "--redis-keep",
+                "--checkpoint",
+                &path,
+            ];
+            args.extend(extra);
+            synthetic(&args)
+        };
+        ok(&go(&redis(&["--steps", "4"]), &[], None));
+        let checkpoint = Trainer::load(trained_directly(1).0.config().clone(), &dir).unwrap();
+        let rows = checkpoint.table().size();
+        let choice = crate::config::RedisChoice {
+            nodes: vec![addr.clone()],
+            prefix: "ctr_resume".into(),
+            keep: true,
+        };
+        let open = || table::open_redis(&choice, 4, 3, false).unwrap();
+        let (table, left) = open();
+        assert_eq!(left, rows);
+        // A row trained after the checkpoint, by a run that then stopped.
+        let late = i64::MAX - 7;
+        table.upsert(&[late], &[1.0; 4]).unwrap();
+
+        let resumed = go(&redis(&["--steps", "4", "--resume"]), &[], None);
+        assert!(!ok(&resumed).trained);
+        assert!(
+            resumed.output.contains(&format!(
+                "restored the checkpoint's table ({rows} rows) into the Redis table \
+                 ctr_resume:ctr/embeddings, replacing the {} rows it held",
+                rows + 1
+            )),
+            "{}",
+            resumed.output
+        );
+        let (table, left) = open();
+        assert_eq!(left, rows);
+        let mut exists = [true];
+        table
+            .lookup_with_exists(&[late], &mut [0.0; 4], &mut exists)
+            .unwrap();
+        assert!(!exists[0], "the late row survived the restore");
+
+        let more = go(&redis(&["--steps", "7", "--resume"]), &[], None);
+        assert_eq!(ok(&more).progress.steps, 7);
+        let reference = go(&synthetic(&[]), &[], None);
+        assert_eq!(more.read, reference.read[4..7]);
+        table.destroy().unwrap();
+    }
+
     #[test]
     fn undefined_metrics_are_reported_not_fatal() {
         let shown = held_out_metrics(&[0.2, 0.7], &[0.0, 0.0], None);
