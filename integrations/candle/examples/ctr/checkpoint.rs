@@ -393,7 +393,25 @@ impl CheckpointDir {
     /// Opens the checkpoint path `path` for a run in `mode`: resolves it,
     /// takes its lock, repairs what a crash left, checks that a checkpoint
     /// can be written there, and applies the rules of the module docs.
+    /// Every error names `path` (and the file concerned, if another).
     pub fn open(path: &Path, mode: Mode) -> Result<Opened> {
+        let unusable = |reason| CheckpointError::Unusable {
+            path: path.to_path_buf(),
+            reason,
+        };
+        Self::open_at(path, mode).map_err(|error| match error {
+            CheckpointError::Io { path: file, source } if file == path => {
+                unusable(source.to_string())
+            }
+            CheckpointError::Io { path: file, source } if !file.starts_with(path) => {
+                unusable(format!("{}: {source}", file.display()))
+            }
+            other => other,
+        })
+    }
+
+    /// [`CheckpointDir::open`], its errors as they come.
+    fn open_at(path: &Path, mode: Mode) -> Result<Opened> {
         let unusable = |reason: String| CheckpointError::Unusable {
             path: path.to_path_buf(),
             reason,
@@ -721,6 +739,23 @@ mod tests {
                 "{path:?}: {message}"
             );
         }
+    }
+
+    /// A directory even root cannot write in (sysfs refuses new files).
+    #[test]
+    fn an_unwritable_directory_is_refused_naming_the_path() {
+        let sys = Path::new("/sys");
+        if !sys.is_dir() {
+            return;
+        }
+        let path = sys.join("ctr-checkpoint");
+        let message = CheckpointDir::open(&path, Mode::New)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.starts_with(&format!("checkpoint {}: ", path.display())),
+            "{message}"
+        );
     }
 
     #[test]

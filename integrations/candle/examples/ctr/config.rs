@@ -144,7 +144,8 @@ training:
   --dim N                embedding dimension (default 16, at most 1024)
   --batch N              samples per batch (default 2048, at most 1048576)
   --epochs N             passes over the training data (default 1)
-  --steps N              stop after N batches in all (default: no limit)
+  --steps N              stop after N batches in all, from the run's start (default:
+                         no limit)
   --threads N            threads of candle's CPU pool (sets RAYON_NUM_THREADS) and
                          shards of the embedding table (default: RAYON_NUM_THREADS
                          if set, else the available cores; at most 256)

@@ -340,7 +340,12 @@ impl Session<'_> {
                 dir.path().to_path_buf()
             }
             None => {
-                temporary = tempfile::tempdir()?;
+                temporary = tempfile::tempdir().map_err(|e| {
+                    format!(
+                        "cannot create a temporary directory in {}: {e}",
+                        std::env::temp_dir().display()
+                    )
+                })?;
                 let path = temporary.path().join("ctr");
                 trainer.save(&path)?;
                 path

@@ -43,7 +43,7 @@
 //! The trainer is generic over its table ([`CtrTable`]): a local
 //! `Variable<i64>` (the default type, [`Trainer::new`]) or a Redis one
 //! ([`Trainer::with_table`]). A checkpoint of either restores into
-//! either; `main` reloads a Redis-trained model into a local table.
+//! either; `run` reloads a Redis-trained model into a local table.
 
 use std::path::Path;
 use std::sync::Arc;
