@@ -144,6 +144,7 @@ pub fn execute(config: &Config, open: &mut OpenData<'_>, out: &mut dyn Write) ->
                 .map(|m| m.progress.clone())
                 .unwrap_or_default(),
         },
+        resumed: resume.is_some(),
     };
     let resume_from = resume.as_ref().and(dir.as_ref()).map(CheckpointDir::path);
     match &config.redis {
@@ -210,6 +211,8 @@ struct Session<'a> {
     dir: Option<&'a CheckpointDir>,
     /// The run's manifest; its progress is the run's, updated as it goes.
     manifest: RunManifest,
+    /// Whether the run resumes a checkpoint (the manifest's progress).
+    resumed: bool,
 }
 
 /// Why training stopped early.
@@ -238,7 +241,7 @@ impl Session<'_> {
         out: &mut dyn Write,
     ) -> Result<Report> {
         let config = self.config;
-        let resumed = self.manifest.progress != Progress::default();
+        let resumed = self.resumed;
         if resumed {
             let progress = &self.manifest.progress;
             if trainer.steps() != progress.steps {
@@ -504,9 +507,12 @@ impl Session<'_> {
         };
         writeln!(
             out,
-            "epoch {epoch}: train loss {:.4}, {speed:.0} samples/s | {held_out} | table {rows} \
+            "epoch {epoch}: train loss {}, {speed:.0} samples/s | {held_out} | table {rows} \
              rows, {memory}, {} evicted{}",
-            progress.epoch_loss_sum / progress.epoch_trained.max(1) as f64,
+            match progress.epoch_trained {
+                0 => "undefined (no batch trained)".to_string(),
+                trained => format!("{:.4}", progress.epoch_loss_sum / trained as f64),
+            },
             trainer.evicted(),
             skipped_note(progress.epoch_skipped),
         )?;
