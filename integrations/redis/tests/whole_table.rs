@@ -1,0 +1,135 @@
+//! Whole-table operations on a table larger than one round trip's
+//! deadline: `size`, `export_chunks`, `save`, `restore`, `restrict` and
+//! `clear` stream it in bounded round trips (each well inside the
+//! deadline) where one batch over the whole table times out, under both
+//! forms of the writes. `restrict` keeps exactly the `num_reserved`
+//! highest-scored rows, ties falling in bucket order.
+
+mod support;
+
+use dynemb::{BackendErrorKind, Error, Initializer, RestrictPolicy};
+use dynemb_redis::{RedisConfig, RedisVariable};
+use std::collections::HashSet;
+use std::time::Duration;
+use support::{module_calls, unique_name, Form, Server};
+
+/// Rows of the large table.
+const ROWS: i64 = 500_000;
+
+const DIM: usize = 4;
+
+/// The command timeout of the handle that runs the whole-table
+/// operations: a batch of every row takes several times its deadline.
+const TIGHT: Duration = Duration::from_millis(100);
+
+fn open(config: RedisConfig, name: &str) -> RedisVariable<i64> {
+    RedisVariable::<i64>::builder(name)
+        .dim(DIM)
+        .initializer(Initializer::Zeros)
+        .restrict_policy(RestrictPolicy::Frequency)
+        .config(config)
+        .build()
+        .unwrap()
+}
+
+fn values(keys: &[i64]) -> Vec<f32> {
+    keys.iter()
+        .flat_map(|&k| (0..DIM).map(move |j| (k * 10 + j as i64) as f32))
+        .collect()
+}
+
+/// Upserts `keys` in batches (each a frequency score of one more).
+fn upsert_all(var: &RedisVariable<i64>, keys: impl Iterator<Item = i64>) {
+    let keys: Vec<i64> = keys.collect();
+    for batch in keys.chunks(50_000) {
+        var.upsert(batch, &values(batch)).unwrap();
+    }
+}
+
+fn is_timeout(err: &Error) -> bool {
+    matches!(
+        err,
+        Error::Backend {
+            kind: BackendErrorKind::Timeout,
+            ..
+        }
+    )
+}
+
+#[test]
+fn whole_table_operations_stream_a_table_larger_than_a_round_trip_with_the_module() {
+    whole_table_operations(Form::Module);
+}
+
+#[test]
+fn whole_table_operations_stream_a_table_larger_than_a_round_trip_with_the_scripts() {
+    whole_table_operations(Form::Lua);
+}
+
+fn whole_table_operations(form: Form) {
+    let server = Server::start();
+    let name = unique_name("big");
+    let config = form.config(RedisConfig {
+        buckets: 512,
+        ..server.config()
+    });
+    let roomy = open(config.clone(), &name);
+    assert_eq!(roomy.uses_module(), form == Form::Module);
+    // Every key scores 1, the lower half 2.
+    upsert_all(&roomy, 0..ROWS);
+    upsert_all(&roomy, 0..ROWS / 2);
+    let tight = open(
+        RedisConfig {
+            command_timeout: TIGHT,
+            ..config
+        },
+        &name,
+    );
+    let calls_before = module_calls([&server]);
+
+    // One batch over the whole table does not fit in a deadline.
+    let all: Vec<i64> = (0..ROWS).collect();
+    let err = tight
+        .lookup(&all, &mut vec![0.0; all.len() * DIM])
+        .unwrap_err();
+    assert!(is_timeout(&err), "{err}");
+
+    assert_eq!(tight.size().unwrap(), ROWS as usize);
+    let mut seen = HashSet::new();
+    for chunk in tight.export_chunks(20_000) {
+        let (keys, rows) = chunk.unwrap();
+        assert!(keys.len() <= 20_000);
+        assert_eq!(rows, values(&keys));
+        for k in keys {
+            assert!(seen.insert(k), "key {k} exported twice");
+        }
+    }
+    assert_eq!(seen.len(), ROWS as usize);
+    drop(seen);
+
+    let dir = tempfile::tempdir().unwrap();
+    tight.save(dir.path().join("c")).unwrap();
+    roomy.upsert(&[-1], &[0.5; DIM]).unwrap();
+    tight.restore(dir.path().join("c")).unwrap();
+    assert_eq!(tight.size().unwrap(), ROWS as usize, "-1 is gone");
+
+    // Keep the upper half's last 1000 ties and the whole lower half.
+    let reserved = (ROWS / 2 + 1000) as usize;
+    let removed = tight.restrict(reserved, 0).unwrap();
+    assert_eq!(removed, ROWS as usize - reserved);
+    assert_eq!(tight.size().unwrap(), reserved);
+    let lower: Vec<i64> = (0..ROWS / 2).collect();
+    let mut exists = vec![false; lower.len()];
+    roomy
+        .lookup_with_exists(&lower, &mut vec![0.0; lower.len() * DIM], &mut exists)
+        .unwrap();
+    assert!(exists.iter().all(|&e| e), "every higher-scored row stays");
+    let mut scores = vec![0; lower.len()];
+    roomy.lookup_scores(&lower, &mut scores).unwrap();
+    assert!(scores.iter().all(|&s| s == 2), "restored scores");
+
+    tight.clear().unwrap();
+    assert_eq!(tight.size().unwrap(), 0);
+    let module_ran = module_calls([&server]) > calls_before;
+    assert_eq!(module_ran, form == Form::Module, "restrict's form");
+}
