@@ -346,42 +346,16 @@ impl<K: Key> RedisVariable<K> {
         if size <= trigger || size <= num_reserved {
             return Ok(0);
         }
-        // 1. Count, lowest and highest score.
-        let (mut rows, mut lo, mut hi) = (0u64, u64::MAX, 0u64);
-        self.score_pass(|score| {
-            rows += 1;
-            lo = lo.min(score);
-            hi = hi.max(score);
-        })?;
-        let reserved = num_reserved as u64;
-        if rows <= reserved {
-            return Ok(0);
+        let plan = plan_restrict(num_reserved as u64, |seen| self.score_pass(seen))?;
+        match plan {
+            None => Ok(0),
+            Some(plan) => self.prune(plan.threshold, plan.ties),
         }
-        let excess = rows - reserved;
-        // 2. Narrow [lo, hi] down to the threshold; `below` rows score
-        // under `lo`.
-        let mut below = 0u64;
-        let mut histogram = vec![0u64; BINS];
-        while lo < hi {
-            let width = (hi - lo) / BINS as u64 + 1;
-            histogram.fill(0);
-            self.score_pass(|score| {
-                if (lo..=hi).contains(&score) {
-                    histogram[((score - lo) / width) as usize] += 1;
-                }
-            })?;
-            let (bin, under) = threshold_bin(&histogram, excess - below.min(excess));
-            below += under;
-            lo += bin as u64 * width;
-            hi = hi.min(lo.saturating_add(width - 1));
-        }
-        // 3. Remove below the threshold, and ties up to the quota.
-        self.prune(lo, excess.saturating_sub(below))
     }
 
     /// Calls `seen` on the score of every row, a group of buckets per
     /// round trip (the module's `DYNEMB.SCORES`, or the `SCORES` script).
-    fn score_pass(&self, mut seen: impl FnMut(u64)) -> Result<()> {
+    fn score_pass(&self, seen: &mut dyn FnMut(u64)) -> Result<()> {
         for group in Groups::new(self, RESTRICT_ROWS_PER_GROUP) {
             let requests: Vec<_> = group?
                 .map(|b| self.bucket_request(b, &self.read_cmd(&scripts::SCORES, b)))
@@ -472,6 +446,56 @@ impl<K: Key> RedisVariable<K> {
     }
 }
 
+/// What `restrict` removes: every row scored below `threshold`, and
+/// `ties` rows scored `threshold`.
+#[derive(Debug, PartialEq)]
+pub(crate) struct RestrictPlan {
+    pub threshold: u64,
+    pub ties: u64,
+}
+
+/// `restrict`'s passes 1 and 2 (see the module docs) over the scores that
+/// `pass` shows (each call of `pass` calls its argument on every row's
+/// score): what to remove to keep `reserved` rows, or `None` if there
+/// are no more rows than that.
+pub(crate) fn plan_restrict(
+    reserved: u64,
+    mut pass: impl FnMut(&mut dyn FnMut(u64)) -> Result<()>,
+) -> Result<Option<RestrictPlan>> {
+    // 1. Count, lowest and highest score.
+    let (mut rows, mut lo, mut hi) = (0u64, u64::MAX, 0u64);
+    pass(&mut |score| {
+        rows += 1;
+        lo = lo.min(score);
+        hi = hi.max(score);
+    })?;
+    if rows <= reserved {
+        return Ok(None);
+    }
+    let excess = rows - reserved;
+    // 2. Narrow [lo, hi] down to the threshold; `below` rows score under
+    // `lo`, fewer than `excess`.
+    let mut below = 0u64;
+    let mut histogram = vec![0u64; BINS];
+    while lo < hi {
+        let width = (hi - lo) / BINS as u64 + 1;
+        histogram.fill(0);
+        pass(&mut |score| {
+            if (lo..=hi).contains(&score) {
+                histogram[((score - lo) / width) as usize] += 1;
+            }
+        })?;
+        let (bin, under) = threshold_bin(&histogram, excess - below);
+        below += under;
+        lo += bin as u64 * width;
+        hi = hi.min(lo.saturating_add(width - 1));
+    }
+    Ok(Some(RestrictPlan {
+        threshold: lo,
+        ties: excess - below,
+    }))
+}
+
 /// The bin of `histogram` holding the `needed`-th lowest score (1-based),
 /// and how many scores lie in the bins before it. If the histogram holds
 /// fewer (rows removed since they were counted), its last non-empty bin.
@@ -493,7 +517,66 @@ pub(crate) fn threshold_bin(histogram: &[u64], needed: u64) -> (usize, u64) {
 
 #[cfg(test)]
 mod tests {
-    use super::threshold_bin;
+    use super::{plan_restrict, threshold_bin, RestrictPlan};
+    use proptest::prelude::*;
+
+    /// The plan that sorting all scores gives.
+    fn sorted_plan(scores: &[u64], reserved: u64) -> Option<RestrictPlan> {
+        let excess = (scores.len() as u64)
+            .checked_sub(reserved)
+            .filter(|&e| e > 0)?;
+        let mut sorted = scores.to_vec();
+        sorted.sort_unstable();
+        let threshold = sorted[excess as usize - 1];
+        let below = sorted.iter().filter(|&&s| s < threshold).count() as u64;
+        Some(RestrictPlan {
+            threshold,
+            ties: excess - below,
+        })
+    }
+
+    fn plan(scores: &[u64], reserved: u64) -> Option<RestrictPlan> {
+        plan_restrict(reserved, |seen| {
+            scores.iter().for_each(|&s| seen(s));
+            Ok(())
+        })
+        .unwrap()
+    }
+
+    proptest! {
+        #[test]
+        fn the_plan_is_the_sorted_threshold(
+            scores in prop::collection::vec(
+                prop_oneof![0u64..4, any::<u64>(), (u64::MAX - 3)..=u64::MAX, 1_700_000_000_000u64..1_700_000_100_000],
+                0..300,
+            ),
+            reserved in 0u64..320,
+        ) {
+            prop_assert_eq!(plan(&scores, reserved), sorted_plan(&scores, reserved));
+        }
+    }
+
+    #[test]
+    fn wide_scores_take_several_passes_and_ties_are_counted() {
+        let scores = [u64::MAX, 0, 7, 7, 7, 1 << 40, u64::MAX - 1];
+        let mut passes = 0;
+        let got = plan_restrict(2, |seen| {
+            passes += 1;
+            scores.iter().for_each(|&s| seen(s));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(got, sorted_plan(&scores, 2));
+        assert!(passes > 2, "{passes}");
+        assert_eq!(
+            plan(&[3, 3, 3], 1),
+            Some(RestrictPlan {
+                threshold: 3,
+                ties: 2
+            })
+        );
+        assert_eq!(plan(&[3, 3, 3], 3), None);
+    }
 
     #[test]
     fn the_threshold_bin_holds_the_needed_score() {

@@ -133,3 +133,52 @@ fn whole_table_operations(form: Form) {
     let module_ran = module_calls([&server]) > calls_before;
     assert_eq!(module_ran, form == Form::Module, "restrict's form");
 }
+
+#[test]
+fn restrict_keeps_exactly_the_highest_scored_rows_and_refuses_a_corrupt_table_under_both_forms() {
+    let server = Server::start();
+    for form in Form::BOTH {
+        let config = form.config(RedisConfig {
+            buckets: 8,
+            ..server.config()
+        });
+        let var = open(config, &unique_name("small"));
+        // 25 keys each scoring 1, 2, 3 and 4.
+        let keys: Vec<i64> = (0..100).collect();
+        for round in 0..4 {
+            let batch: Vec<i64> = keys.iter().copied().filter(|k| k % 4 >= round).collect();
+            var.upsert(&batch, &values(&batch)).unwrap();
+        }
+        assert_eq!(var.restrict(30, 100).unwrap(), 0, "not above the trigger");
+        assert_eq!(var.restrict(30, 99).unwrap(), 70);
+        let mut scores = vec![0; keys.len()];
+        var.lookup_scores(&keys, &mut scores).unwrap();
+        let mut exists = vec![false; keys.len()];
+        var.lookup_with_exists(&keys, &mut vec![0.0; keys.len() * DIM], &mut exists)
+            .unwrap();
+        let kept: Vec<u64> = (0..keys.len())
+            .filter(|&i| exists[i])
+            .map(|i| scores[i])
+            .collect();
+        assert_eq!(kept.len(), 30, "{form:?}");
+        assert_eq!(kept.iter().filter(|&&s| s == 4).count(), 25, "{form:?}");
+        assert_eq!(kept.iter().filter(|&&s| s == 3).count(), 5, "{form:?}");
+        assert_eq!(
+            var.restrict(30, 0).unwrap(),
+            0,
+            "nothing above num_reserved"
+        );
+
+        // A corrupt row anywhere: an error before anything is removed.
+        let mut conn = server.connection();
+        let _: () = redis::cmd("HSET")
+            .arg(format!("dynemb:{}:{{7}}", var.name()))
+            .arg(&12345i64.to_le_bytes()[..])
+            .arg(b"short")
+            .query(&mut conn)
+            .unwrap();
+        let err = var.restrict(1, 0).unwrap_err();
+        assert!(matches!(err, Error::Backend { .. }), "{form:?}: {err}");
+        assert_eq!(var.size().unwrap(), 31, "{form:?}: nothing removed");
+    }
+}
