@@ -420,7 +420,8 @@ fn restricts_commands_read_scores_prune_once_and_refuse_malformed_calls() {
         .arg(b"short")
         .query(&mut conn)
         .unwrap();
-    let cases: Vec<(&str, &[u8], Vec<&[u8]>)> = vec![
+    type Case<'a> = (&'a str, &'a [u8], Vec<&'a [u8]>);
+    let cases: Vec<Case<'_>> = vec![
         ("a threshold of 3 bytes", BUCKET, vec![&b"abc"[..], b"2"]),
         (
             "a quota that is not a number",
