@@ -49,12 +49,13 @@
 //! of the lowest-numbered buckets, in each bucket the first ones read.
 //! The client holds the histogram (512 KiB) and one group's scores.
 //! When nobody writes meanwhile, exactly `num_reserved` rows are kept, the
-//! highest-scored ones, as TFRA keeps them. Unlike TFRA's (and the
-//! earlier scan-then-remove), a row is judged by its score when its
-//! bucket is pruned: a row written during the pass that now scores above
-//! the threshold stays, one that still scores below it goes, so under
-//! concurrent writes the count kept may differ from `num_reserved` by
-//! the rows written meanwhile.
+//! highest-scored ones, as TFRA keeps them. Where TFRA removes the keys
+//! it chose from a snapshot, here a row is judged by its score when its
+//! bucket is pruned: a row written during the pass that then scores
+//! above the threshold stays, one still below it goes, so with concurrent
+//! writers the rows kept may differ from `num_reserved` by the rows
+//! written meanwhile. Decision: prune by threshold on the servers,
+//! because then no key travels to the client or waits there.
 
 use crate::layout::{self, Row};
 use crate::reply;
