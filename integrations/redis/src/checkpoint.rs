@@ -45,7 +45,9 @@
 //! rows are written only once every bucket is marked, and markers are
 //! removed only once every row is written, a read that succeeds sees
 //! only the old rows (before its buckets were marked) or only the new
-//! ones (after they were unmarked), never a mix of the two. Writes that
+//! ones (after they were unmarked), never a mix of the two (a pass of
+//! many round trips, such as a save, that a whole restore runs between
+//! two of sees it as it sees any concurrent writes). Writes that
 //! do not read first (`upsert`, `accum`, `remove`) are not refused: one
 //! that lands after its bucket was emptied stays in the restored table.
 //!
