@@ -55,7 +55,8 @@
 //! the variable marked; running the restore again, from the start,
 //! finishes it exactly (every bucket is emptied again and every row
 //! written again), and so does a restore of another checkpoint. `clear`
-//! (and `destroy`) end it too, leaving the variable empty.
+//! (and `destroy`) end it too, leaving the variable empty. One restore of
+//! a variable at a time: two running at once may leave rows of both.
 
 use crate::cluster::Request;
 use crate::layout::{self, Row, HEADER};

@@ -14,10 +14,10 @@
 //! A bucket is read whole and at once (one command), so a group holds at
 //! least one bucket, however large: a bucket's size is what bounds a
 //! round trip from below. Buckets are fixed when the variable is created
-//! ([`RedisConfig::buckets`](crate::RedisConfig::buckets)); choose at
-//! least the table's expected rows divided by the rows one round trip
-//! should carry (about 16,384 for save and export at dim 64), so that a
-//! bucket stays below a round trip's worth of rows.
+//! ([`RedisConfig::buckets`](crate::RedisConfig::buckets), which says
+//! how to choose them: at least the table's expected rows divided by
+//! 8,192), so that a bucket stays well below a round trip's worth of
+//! rows (16,384 for save, export and `restrict`, 8,192 for restore).
 //!
 //! A key present throughout a pass is seen exactly once; keys written or
 //! removed during the pass may or may not be (as for a local variable's
@@ -68,6 +68,9 @@ use std::ops::Range;
 
 /// Bins of `restrict`'s score histogram.
 pub(crate) const BINS: usize = 1 << 16;
+
+/// Most rows, about, one round trip of `export_chunks` reads.
+pub(crate) const EXPORT_ROWS_PER_GROUP: usize = 1 << 14;
 
 /// Rows whose scores one round trip of `restrict` reads or prunes, about.
 const RESTRICT_ROWS_PER_GROUP: usize = 1 << 14;
@@ -268,14 +271,17 @@ impl<K: Key> RedisVariable<K> {
     }
 
     /// Streams every key and row in chunks of at most `rows_per_chunk`
-    /// rows, reading about that many rows per round trip (see the module
-    /// docs for what a pass sees while others write).
+    /// rows, each from one round trip of about `rows_per_chunk` rows, or
+    /// 16,384 if fewer (a larger bucket is read whole;
+    /// see the module docs, also for what a pass sees while others
+    /// write). A `rows_per_chunk` of 0 is an [`Error::InvalidArgument`].
     pub fn export_chunks(
         &self,
         rows_per_chunk: usize,
     ) -> impl Iterator<Item = Result<(Vec<K>, Vec<f32>)>> + '_ {
         let dim = self.dim();
-        let mut scan = (rows_per_chunk > 0).then(|| Scan::new(self, rows_per_chunk, Vec::new()));
+        let mut scan = (rows_per_chunk > 0)
+            .then(|| Scan::new(self, rows_per_chunk.min(EXPORT_ROWS_PER_GROUP), Vec::new()));
         let mut failed = false;
         let mut buffered: VecDeque<(Vec<K>, Vec<f32>)> = VecDeque::new();
         std::iter::from_fn(move || {
