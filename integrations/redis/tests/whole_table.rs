@@ -183,3 +183,44 @@ fn restrict_keeps_exactly_the_highest_scored_rows_and_refuses_a_corrupt_table_un
         assert_eq!(var.size().unwrap(), 31, "{form:?}: nothing removed");
     }
 }
+
+#[test]
+fn more_buckets_than_one_round_trip_counts_are_passed_a_window_at_a_time() {
+    let server = Server::start();
+    for form in Form::BOTH {
+        // 4096 buckets per round trip: three windows, the last partial.
+        let var = open(
+            form.config(RedisConfig {
+                buckets: 9000,
+                ..server.config()
+            }),
+            &unique_name("wide"),
+        );
+        let keys: Vec<i64> = (0..20_000).collect();
+        upsert_all(&var, keys.iter().copied());
+        upsert_all(&var, 0..10_000);
+        assert_eq!(var.size().unwrap(), keys.len());
+        let mut exported: Vec<i64> = var
+            .export_chunks(3000)
+            .flat_map(|chunk| chunk.unwrap().0)
+            .collect();
+        exported.sort();
+        assert_eq!(exported, keys, "{form:?}");
+        let dir = tempfile::tempdir().unwrap();
+        var.save(dir.path().join("c")).unwrap();
+        var.clear().unwrap();
+        assert_eq!(var.size().unwrap(), 0);
+        var.restore(dir.path().join("c")).unwrap();
+        assert_eq!(var.size().unwrap(), keys.len());
+        assert_eq!(var.restrict(10_000, 0).unwrap(), 10_000);
+        let mut exists = vec![false; 10_000];
+        var.lookup_with_exists(&keys[..10_000], &mut vec![0.0; 10_000 * DIM], &mut exists)
+            .unwrap();
+        assert!(
+            exists.iter().all(|&e| e),
+            "{form:?}: the higher-scored half stays"
+        );
+        var.clear().unwrap();
+        assert_eq!(var.size().unwrap(), 0);
+    }
+}
