@@ -11,25 +11,71 @@
 //! throughout is saved once.
 //!
 //! Restoring and loading check the whole checkpoint first (key type, dim,
-//! checksums, slot initial values against the variable's, restrict
-//! policy) and change nothing if anything is wrong; then `restore` clears
-//! the variable and writes the saved rows, `load` writes them over what
-//! is there (a present row keeps the slot columns the checkpoint lacks).
+//! checksums, slot initial values against the variable's, slot room,
+//! restrict policy, and for `load` that no restore is in progress) and
+//! change nothing if anything is wrong; then `restore` replaces the
+//! variable's rows with the saved ones, `load` writes them over what is
+//! there (a present row keeps the slot columns the checkpoint lacks).
 //! Rows are written with versioned writes (see [`crate::update`]), so a
 //! concurrent writer's row is never half overwritten. Scores are restored
 //! when the checkpoint's restrict policy is the variable's; otherwise the
-//! rows are scored as any write is.
+//! rows are scored as any write is. Both stream the checkpoint, a file's
+//! rows at a time: save reads about 16,384 rows per round trip,
+//! restore and load write 8,192.
+//!
+//! # A restore is recoverable
+//!
+//! A restore cannot be one atomic switch here without doubling the
+//! table's memory on the servers and making every handle look the table's
+//! generation up on every batch; so it is made visible instead, and
+//! repeatable:
+//!
+//! 1. the metadata's `restoring` field is set to the checkpoint's path;
+//! 2. every bucket is emptied and marked, in one recorded script per
+//!    bucket (`MARK_RESTORING`: the field [`layout::RESTORING_FIELD`]);
+//! 3. the checkpoint's rows are written;
+//! 4. every bucket's marker is removed, then the metadata's field.
+//!
+//! What any handle sees meanwhile: a read of a marked bucket (`lookup`,
+//! `lookup_or_insert`, `lookup_scores`, a slot lookup, `update_rows`,
+//! an export or save reaching it) is an [`Error::Backend`]
+//! ([`BackendErrorKind::NotServing`]) naming the checkpoint, and the
+//! whole-table operations (`size`, `restrict`, `export_chunks`, `save`,
+//! `load`) refuse to start while the metadata's field is there. Since
+//! rows are written only once every bucket is marked, and markers are
+//! removed only once every row is written, a read that succeeds sees
+//! only the old rows (before its buckets were marked) or only the new
+//! ones (after they were unmarked), never a mix of the two (a pass of
+//! many round trips, such as a save, that a whole restore runs between
+//! two of sees it as it sees any concurrent writes). Writes that
+//! do not read first (`upsert`, `accum`, `remove`) are not refused: one
+//! that lands after its bucket was emptied stays in the restored table.
+//!
+//! A restore that stops part-way (the process killed, a node down) leaves
+//! the variable marked; running the restore again, from the start,
+//! finishes it exactly (every bucket is emptied again and every row
+//! written again), and so does a restore of another checkpoint. `clear`
+//! (and `destroy`) end it too, leaving the variable empty. One restore of
+//! a variable at a time: two running at once may leave rows of both.
 
+use crate::cluster::Request;
 use crate::layout::{self, Row, HEADER};
+use crate::reply;
+use crate::scripts;
 use crate::update::{VersionedWrite, MAX_ROUNDS};
+use crate::variable::bucket_windows;
 use crate::RedisVariable;
 use dynemb::checkpoint::{save_rows, Reader, Rows, TableInfo};
 use dynemb::{BackendErrorKind, Error, Key, RestrictPolicy, Result};
 use std::collections::HashMap;
 use std::path::Path;
 
-/// Rows read or written per round trip while checkpointing.
+/// Rows read per round trip while saving.
 const ROWS_PER_BATCH: usize = 1 << 14;
+
+/// Rows written per round trip while restoring or loading (a write costs
+/// the servers more than a read).
+const ROWS_PER_WRITE: usize = 1 << 13;
 
 impl<K: Key> RedisVariable<K> {
     /// Saves every row, with its slots and (with a restrict policy) score,
@@ -58,19 +104,26 @@ impl<K: Key> RedisVariable<K> {
     }
 
     /// Replaces the variable's contents with the checkpoint at `dir` (from
-    /// a local variable or a Redis one); checked whole first.
+    /// a local variable or a Redis one); checked whole first. While it
+    /// runs, and if it stops part-way, reads of the variable are errors
+    /// (see the `checkpoint` module docs); running it again finishes it.
     pub fn restore(&self, dir: impl AsRef<Path>) -> Result<()> {
         self.read_checkpoint(dir.as_ref(), true)
     }
 
     /// Writes the rows of the checkpoint at `dir` over the variable's
-    /// (keys not in the checkpoint keep theirs); checked whole first.
+    /// (keys not in the checkpoint keep theirs); checked whole first, and
+    /// refused while a restore is in progress or after one was
+    /// interrupted. A failure part-way leaves some rows loaded.
     pub fn load(&self, dir: impl AsRef<Path>) -> Result<()> {
         self.read_checkpoint(dir.as_ref(), false)
     }
 
     fn read_checkpoint(&self, dir: &Path, replace: bool) -> Result<()> {
         let reader = Reader::<K>::open(dir, self.name(), self.dim())?;
+        if !replace {
+            self.check_not_restoring()?;
+        }
         let info = reader.info();
         let existing = self.slots_now()?;
         let mismatch = |existing: String, requested: String| Error::Mismatch {
@@ -115,19 +168,63 @@ impl<K: Key> RedisVariable<K> {
             .collect::<Result<Vec<usize>>>()?;
         let initials: Vec<f32> = self.slots_now()?.iter().map(|&(_, v)| v).collect();
         let restore_scores = info.scores.is_some() && info.scores == self.restrict_policy();
+        let label = dir.display().to_string();
         if replace {
-            self.clear()?;
+            self.mark_restoring(&label)?;
         }
         reader.for_each(|rows| {
             let n = rows.keys.len();
             let mut at = 0;
             while at < n {
-                let end = (at + ROWS_PER_BATCH).min(n);
-                self.put_rows(&rows, at..end, &columns, &initials, restore_scores)?;
+                let end = (at + ROWS_PER_WRITE).min(n);
+                self.put_rows(&rows, at..end, &columns, &initials, restore_scores, replace)?;
                 at = end;
             }
             Ok(())
-        })
+        })?;
+        if replace {
+            self.unmark_restoring()?;
+        }
+        Ok(())
+    }
+
+    /// A restore's steps 1 and 2 (see the module docs): the metadata says
+    /// a restore of `checkpoint` is in progress, and every bucket is
+    /// emptied and marked.
+    fn mark_restoring(&self, checkpoint: &str) -> Result<()> {
+        self.set_restoring(Some(checkpoint.as_bytes()))?;
+        for window in bucket_windows(self.buckets()) {
+            let id = layout::new_version();
+            let requests: Vec<Request> = window
+                .map(|b| {
+                    let mut cmd = self.write_cmd(&scripts::MARK_RESTORING, b, id);
+                    cmd.arg(checkpoint);
+                    self.bucket_request(b, &cmd)
+                })
+                .collect();
+            for reply in self.inner.cluster.run(&requests)? {
+                reply::int(self.store(), "restore", reply)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A restore's step 4: every bucket's marker removed (`HDEL`, which may
+    /// run twice), then the metadata's field.
+    fn unmark_restoring(&self) -> Result<()> {
+        for window in bucket_windows(self.buckets()) {
+            let requests: Vec<Request> = window
+                .map(|b| {
+                    let mut cmd = redis::cmd("HDEL");
+                    cmd.arg(self.bucket_key(b)).arg(layout::RESTORING_FIELD);
+                    self.bucket_request(b, &cmd)
+                })
+                .collect();
+            for reply in self.inner.cluster.run(&requests)? {
+                reply::int(self.store(), "restore", reply)?;
+            }
+        }
+        self.set_restoring(None)
     }
 
     /// Writes rows `range` of a checkpoint's `rows`: values, the
@@ -135,6 +232,7 @@ impl<K: Key> RedisVariable<K> {
     /// kept (a present row) or at their initial values, the score restored
     /// or scored as a write. A key repeated in the range: the last row
     /// wins. Versioned writes, retried for rows changed meanwhile.
+    /// `restoring`: the buckets are marked by this restore, and read.
     fn put_rows(
         &self,
         rows: &Rows<K>,
@@ -142,6 +240,7 @@ impl<K: Key> RedisVariable<K> {
         columns: &[usize],
         initials: &[f32],
         restore_scores: bool,
+        restoring: bool,
     ) -> Result<()> {
         let dim = self.dim();
         let mut last: HashMap<u64, usize> = HashMap::new();
@@ -149,13 +248,25 @@ impl<K: Key> RedisVariable<K> {
             last.insert(rows.keys[i].to_bits(), i);
         }
         let mut pending: Vec<(u64, usize)> = last.into_iter().collect();
+        let mut blind = restoring;
         for _ in 0..MAX_ROUNDS {
             if pending.is_empty() {
                 return Ok(());
             }
             let bits: Vec<u64> = pending.iter().map(|p| p.0).collect();
             let grouped = crate::batch::Grouped::new(&bits, self.buckets())?;
-            let stored = self.fetch(&bits, &grouped)?;
+            // A restore's buckets were emptied: its first round expects
+            // every row absent, and only rows written meanwhile by others
+            // (conflicts) are read.
+            let stored = if std::mem::take(&mut blind) {
+                vec![None; bits.len()]
+            } else {
+                let replies = self
+                    .inner
+                    .cluster
+                    .run(&self.fetch_requests(&bits, &grouped))?;
+                self.fetched_rows_with(&bits, &grouped, replies, restoring)?
+            };
             let stamp = dynemb::restrict::next_timestamp();
             let mut built = Vec::with_capacity(pending.len());
             for (&(bits, i), old) in pending.iter().zip(&stored) {

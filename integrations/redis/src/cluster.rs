@@ -42,17 +42,33 @@
 //! pipeline, not only the commands whose replies were missing; each runs
 //! once anyway, and the code stays one path.
 //!
-//! # One deadline per batch
+//! # One deadline per call
 //!
-//! A batch ends by [`RedisConfig::batch_deadline`] (twice the command
-//! timeout) after it starts, whatever happens: each round waits for the
-//! replies of every node until one shared instant (the command timeout
-//! from the round's start, or the deadline if sooner), so a silent node
-//! costs one wait, not one per node; connecting, sending, pauses and
-//! resends fit in the same deadline. One full wait plus one resend's is
-//! the reason for twice the command timeout: a batch that just needs the
-//! whole command timeout is not cut short, and a reply lost to a blip
-//! still has a resend's worth of time.
+//! A batch ends by its deadline, [`RedisConfig::batch_deadline`] (twice
+//! the command timeout) after the call that sends it started, whatever
+//! happens: each round waits for the replies of every node until one
+//! shared instant (the command timeout from the round's start, or the
+//! deadline if sooner), so a silent node costs one wait, not one per
+//! node; connecting, sending, pauses and resends fit in the same
+//! deadline. One full wait plus one resend's is the reason for twice the
+//! command timeout: a batch that just needs the whole command timeout is
+//! not cut short, and a reply lost to a blip still has a resend's worth of
+//! time.
+//!
+//! What the deadline covers, precisely: a call of one batch (`lookup`,
+//! `lookup_or_insert` with both its round trips, `upsert`, `accum`,
+//! `remove`, `lookup_scores`) takes its deadline when it starts, so
+//! building its commands here counts against it; every other call
+//! (`update_rows`, the slot calls, the whole-table passes) is a series
+//! of batches, and each batch takes its deadline when it is sent. The
+//! deadline is checked before anything is sent (a batch whose deadline
+//! has passed sends nothing and fails with
+//! [`BackendErrorKind::Timeout`]), before each piece of a pipeline sent
+//! ([`crate::node`] sends it in pieces) and before each reply is read,
+//! and every wait on a socket is cut at it. What is not cut is work on
+//! this machine already under way (building commands, decoding a reply
+//! once its bytes arrive, copying rows out): a call returns by its
+//! deadline, or as soon as that work ends if it ends later.
 //!
 //! # Why not the redis crate's cluster client
 //!
@@ -243,6 +259,29 @@ impl Cluster {
     /// [`crate::scripts`]): one whose reply was lost is sent again. See the
     /// module docs for redirections, resends and failures.
     pub(crate) fn run(&self, requests: &[Request]) -> Result<Vec<Value>> {
+        self.run_by(requests, self.deadline())
+    }
+
+    /// The deadline of a batch that starts now
+    /// ([`RedisConfig::batch_deadline`] from now).
+    pub(crate) fn deadline(&self) -> Instant {
+        Instant::now() + self.config.batch_deadline()
+    }
+
+    /// [`Cluster::run`] by `deadline` (a call's, taken when the call
+    /// started, so that the work before this batch counts too): if it has
+    /// passed already, a [`BackendErrorKind::Timeout`] and nothing is sent.
+    pub(crate) fn run_by(&self, requests: &[Request], deadline: Instant) -> Result<Vec<Value>> {
+        if Instant::now() >= deadline {
+            return Err(Error::Backend {
+                store: format!("redis {}", self.config.nodes.join(",")),
+                kind: BackendErrorKind::Timeout,
+                message: format!(
+                    "the call's deadline ({:?}, twice the command timeout) passed before its commands were sent",
+                    self.config.batch_deadline()
+                ),
+            });
+        }
         let mut replies: Vec<Option<Value>> = vec![None; requests.len()];
         // (request index, node to ask instead of the slot's owner)
         let mut pending: Vec<(usize, Option<String>)> =
@@ -250,7 +289,6 @@ impl Cluster {
         let mut last_reason = String::new();
         let mut lost: Option<Error> = None;
         let mut resends = 0;
-        let deadline = Instant::now() + self.config.batch_deadline();
         let mut pause = Duration::ZERO;
         for round in 0..MAX_ROUNDS {
             if pending.is_empty() {

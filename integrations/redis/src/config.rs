@@ -11,8 +11,9 @@
 //! node's replies by [`command_timeout`](RedisConfig::command_timeout), a
 //! whole batch (every node, redirections, resends of lost replies) by
 //! [`batch_deadline`](RedisConfig::batch_deadline), twice the command
-//! timeout. A node that is down or silent is an [`Error::Backend`] within
-//! those bounds, never a hang.
+//! timeout, counted from the start of the call for the calls of one batch
+//! (see there). A node that is down or silent is an [`Error::Backend`]
+//! within those bounds, never a hang.
 
 use dynemb::{Error, Result};
 use std::time::Duration;
@@ -32,7 +33,12 @@ pub struct RedisConfig {
     /// pipeline before it counts them lost (and resends them; a batch
     /// lasts at most twice this, see
     /// [`batch_deadline`](RedisConfig::batch_deadline)). Size it for the
-    /// largest batch: a pipeline of a million rows takes a few seconds.
+    /// largest batch, including the time this process takes to build it:
+    /// a pipeline of a million rows takes a few seconds. Whole-table
+    /// operations (`size`, `restrict`, `export_chunks`, `save`, `restore`,
+    /// `clear`) run in round trips of a bounded size (see
+    /// [`buckets`](RedisConfig::buckets)), so the table's size does not
+    /// matter to it.
     pub command_timeout: Duration,
     /// The ACL user to log in as (`AUTH user password`), if any.
     pub username: Option<String>,
@@ -43,6 +49,16 @@ pub struct RedisConfig {
     /// over a cluster's nodes; fewer make a batch fewer, larger commands.
     /// Fixed when the variable is first created (reopening it with another
     /// count is an [`Error::Mismatch`]). At least 1, at most 2^20.
+    ///
+    /// How to choose it: the whole-table operations read or prune a bucket
+    /// whole, in one command, so a bucket (about rows / buckets) is the
+    /// least one of their round trips carries and what the client holds
+    /// at once. Keep it to a few thousand rows: at least the largest
+    /// expected row count divided by 8,192 (the default 256 buckets suit
+    /// up to about two million rows; 4,096 buckets, 30 million). More
+    /// buckets cost nothing to a batch's round trips, and the
+    /// whole-table operations count and clear buckets 4,096 per round
+    /// trip.
     pub buckets: u32,
     /// The namespace of every Redis key this crate writes (TFRA's model
     /// tag): models or versions under different prefixes never meet. Must
@@ -111,6 +127,18 @@ impl RedisConfig {
     /// replies, following redirections and resending commands whose reply
     /// was lost all end by then (twice the command timeout: one full wait
     /// for the replies, and one for a resend).
+    ///
+    /// Counted from the start of the call for the calls that are one
+    /// batch (`lookup`, `lookup_with_exists`, `lookup_or_insert` with both
+    /// its round trips, `upsert`, `accum`, `remove`, `lookup_scores`), so
+    /// the time spent building the batch here counts: a batch whose
+    /// deadline has passed by the time it is built is not sent (an
+    /// [`Error::Backend`] of kind `Timeout`, nothing changed). Every other
+    /// call is a series of batches, each with its own deadline from when
+    /// it is sent. Work on this machine already under way is not
+    /// interrupted (building commands, decoding a reply whose bytes have
+    /// arrived): a call returns by its deadline or as soon as that work
+    /// ends.
     pub fn batch_deadline(&self) -> Duration {
         self.command_timeout.saturating_mul(2)
     }

@@ -31,11 +31,19 @@
 //! all little-endian. A row may hold fewer slot columns than the variable
 //! has (rows written before a slot was created): a missing column reads
 //! as the slot's initial value, so creating a slot rewrites nothing.
+//!
+//! A bucket may also hold the field [`RESTORING_FIELD`] (9 bytes, so never
+//! a key's field): the marker of a restore in progress (see
+//! `checkpoint`), whose value names the checkpoint. A bucket that has it
+//! is read by no one but the restore.
 
 use dynemb::{BackendErrorKind, Error, Result};
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
+
+/// The field that marks a bucket being restored (see the module docs).
+pub(crate) const RESTORING_FIELD: &[u8] = b"restoring";
 
 /// Bytes before a row's values: version and score.
 pub(crate) const HEADER: usize = 16;

@@ -76,12 +76,22 @@
 //!   [`Error::Backend`](dynemb::Error::Backend) with a
 //!   [`BackendErrorKind`](dynemb::BackendErrorKind), within one deadline
 //!   per batch ([`RedisConfig::batch_deadline`], twice the command
-//!   timeout); a failed connection is dropped and the next batch
+//!   timeout, counted from the start of the call for the calls of one
+//!   batch); a failed connection is dropped and the next batch
 //!   reconnects. After such a failure a write may have been applied on
 //!   some nodes (each command once, each row whole) and not on others.
 //! - **Checkpoints** ([`RedisVariable::save`], `restore`, `load`) use the
 //!   local format through [`dynemb::checkpoint::save_rows`] and
-//!   [`dynemb::checkpoint::Reader`].
+//!   [`dynemb::checkpoint::Reader`]. A restore marks the variable while it
+//!   runs (reads are errors, never a mix of old and new rows), and one
+//!   that stopped part-way is finished by running it again.
+//! - **Whole-table operations** (`size`, `clear`, `restrict`,
+//!   `export_chunks`, `save`, `restore`) run in round trips of a bounded
+//!   number of buckets or rows, and hold one round trip's rows here, not
+//!   the table's; a bucket is read whole, so the bucket count bounds a
+//!   round trip from below (see [`RedisConfig::buckets`] for how to
+//!   choose it). `restrict` reads only scores (8 bytes a row) and prunes
+//!   on the servers.
 //!
 //! Modules, each owning one thing:
 //! - [`config`]: servers, timeouts, password, buckets, prefix;
@@ -92,7 +102,9 @@
 //! - `meta`: the variable's metadata, checked when opening;
 //! - `scripts`: the Lua scripts that make writes atomic on the server, and
 //!   their module twins;
-//! - `variable`, `slots`, `scan`, [`update`], `checkpoint`, `store`: the
+//! - `scan`: whole-table passes in bounded round trips (export, save's
+//!   reading, `restrict`);
+//! - `variable`, `slots`, [`update`], `checkpoint`, `store`: the
 //!   variable's operations.
 #![warn(missing_docs)]
 

@@ -6,7 +6,10 @@
 //! rows of missing keys must be the same in every process),
 //! `restrict_policy` (`none`, `timestamp` or `frequency`), and the slots:
 //! `slots` (their count), `slot.<i>` (a name) and `slot_initial.<i>` (the
-//! initial value's `f32` bits, decimal) for each index `i`.
+//! initial value's `f32` bits, decimal) for each index `i`; and, while a
+//! restore is in progress or after one was interrupted, `restoring` (the
+//! checkpoint being restored, see `checkpoint`): the whole-table
+//! operations read it first and refuse to run while it is there.
 //!
 //! The first process to open a variable writes the metadata (a script, so
 //! two first openers cannot both write); later ones compare theirs with it
@@ -14,10 +17,60 @@
 //! appended by a script too ([`crate::scripts::CREATE_SLOT`]), so two
 //! processes creating slots at once agree on every slot's index.
 
+use crate::cluster::Request;
 use crate::reply;
+use crate::variable::{restoring_error, RedisVariable};
+use dynemb::Key;
 use dynemb::{BackendErrorKind, Error, Initializer, RestrictPolicy, Result};
 use redis::Value;
 use std::collections::HashMap;
+
+/// The metadata field naming the checkpoint a restore is writing.
+const RESTORING: &str = "restoring";
+
+impl<K: Key> RedisVariable<K> {
+    /// The checkpoint a restore of this variable is writing (in progress,
+    /// or interrupted), if any.
+    pub(crate) fn restoring(&self) -> Result<Option<Vec<u8>>> {
+        let mut cmd = redis::cmd("HGET");
+        cmd.arg(&self.inner.meta_key[..]).arg(RESTORING);
+        let reply = self
+            .inner
+            .cluster
+            .run(&[Request::new(&self.inner.meta_key, &cmd)])?
+            .pop()
+            .expect("one reply");
+        reply::bytes_or_nil(self.store(), "HGET restoring", reply)
+    }
+
+    /// An error if a restore is in progress or was interrupted.
+    pub(crate) fn check_not_restoring(&self) -> Result<()> {
+        match self.restoring()? {
+            Some(checkpoint) => Err(restoring_error(self.store(), &checkpoint)),
+            None => Ok(()),
+        }
+    }
+
+    /// Records that a restore of `checkpoint` has started (`Some`), or
+    /// that none is under way (`None`).
+    pub(crate) fn set_restoring(&self, checkpoint: Option<&[u8]>) -> Result<()> {
+        let mut cmd = match checkpoint {
+            Some(_) => redis::cmd("HSET"),
+            None => redis::cmd("HDEL"),
+        };
+        cmd.arg(&self.inner.meta_key[..]).arg(RESTORING);
+        if let Some(checkpoint) = checkpoint {
+            cmd.arg(checkpoint);
+        }
+        let reply = self
+            .inner
+            .cluster
+            .run(&[Request::new(&self.inner.meta_key, &cmd)])?
+            .pop()
+            .expect("one reply");
+        reply::int(self.store(), "restoring", reply).map(drop)
+    }
+}
 
 /// The storage format this build writes and reads.
 pub(crate) const FORMAT: &str = "dynemb-redis/1";

@@ -11,8 +11,9 @@
 //!
 //! Every wait is bounded: connecting by the configured connect timeout,
 //! and everything by the deadline the caller gives (a batch's, see
-//! [`crate::cluster`]): the socket timeouts are set to the time left
-//! before each send and each reply read. A new connection
+//! [`crate::cluster`]): a pipeline is sent in pieces, and the socket
+//! timeouts are set to the time left before each piece sent and each
+//! reply read. A new connection
 //! authenticates (the redis crate does, from the password given) and loads
 //! the crate's Lua scripts ([`crate::scripts`]) before its first use, so
 //! `EVALSHA` finds them even on a node that just restarted empty.
@@ -27,6 +28,9 @@ use std::time::{Duration, Instant};
 /// Idle connections kept per node (more are opened when more threads
 /// exchange with the node at once, and closed after use).
 const MAX_IDLE: usize = 16;
+
+/// Bytes of a pipeline written at a time (see [`Node::send`]).
+const SEND_PIECE: usize = 1 << 20;
 
 /// One Redis server and its idle connections.
 pub(crate) struct Node {
@@ -146,11 +150,20 @@ impl Node {
         self.send_on(&mut lease.conn, packed, deadline)
     }
 
+    /// Sends `packed` in pieces of [`SEND_PIECE`] bytes, each only if
+    /// `deadline` has not passed and within the time left: a large
+    /// pipeline cannot outlast the deadline by more than one piece's
+    /// write. A pipeline cut short leaves the connection unusable, so it
+    /// is dropped (the commands sent whole may have run: a batch that
+    /// fails may have been applied in part, see [`crate::cluster`]).
     fn send_on(&self, conn: &mut Connection, packed: &[u8], deadline: Instant) -> Result<()> {
-        let wait = self.remaining(deadline)?;
-        conn.set_write_timeout(Some(wait))
-            .and_then(|()| conn.send_packed_command(packed))
-            .map_err(|e| self.failed(&e))
+        for piece in packed.chunks(SEND_PIECE) {
+            let wait = self.remaining(deadline).inspect_err(|_| self.drop_idle())?;
+            conn.set_write_timeout(Some(wait))
+                .and_then(|()| conn.send_packed_command(piece))
+                .map_err(|e| self.failed(&e))?;
+        }
+        Ok(())
     }
 
     /// Puts an unused, healthy `lease` back in the pool.

@@ -448,23 +448,72 @@ return conflicts
     .with_native("DYNEMB.WRITE_IF_UNCHANGED")
 });
 
-/// `restrict`'s removal, [`recorded`]: `ARGV[2..] = [field, version,
-/// ...]`; removes a row only if its version is still the one scanned.
-/// Returns the number removed.
-pub(crate) static REMOVE_IF_UNCHANGED: LazyLock<Lua> = LazyLock::new(|| {
+/// `restrict`'s scan of a bucket (a read, not recorded): the scores of
+/// its rows, 8 little-endian bytes each, as one string. Fields that are
+/// not 8 bytes (a restore's marker) are not rows. The script copies the
+/// bucket into Lua (`HGETALL`) but sends only the scores; its module twin
+/// reads the rows in place.
+pub(crate) static SCORES: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r#"
+local all = redis.call('HGETALL', KEYS[1])
+local out = {}
+for i = 1, #all, 2 do
+  if #all[i] == 8 then
+    local row = all[i + 1]
+    if #row < 16 then error('dynemb: a stored row of ' .. #row .. ' bytes has no header') end
+    out[#out + 1] = string.sub(row, 9, 16)
+  end
+end
+return table.concat(out)
+"#
+        .to_string(),
+    )
+    .with_native("DYNEMB.SCORES")
+});
+
+/// `restrict`'s removal, [`recorded`]: `ARGV[2..] = [threshold, quota]`
+/// (`threshold` a score's 8 little-endian bytes, `quota` decimal): removes
+/// every row scored below `threshold` and the first `quota` rows (in the
+/// order the bucket is read) scored exactly `threshold`. Fields that are
+/// not 8 bytes are not rows and stay. Returns `[below, ties removed, ties
+/// left]`. A row without a header fails the call before anything is
+/// removed.
+pub(crate) static REMOVE_BELOW: LazyLock<Lua> = LazyLock::new(|| {
     recorded(
         "",
         r#"
-local fields = {}
-for i = 2, #ARGV, 2 do fields[#fields + 1] = ARGV[i] end
-local got = hmget(fields)
-local victims = {}
-for n = 1, #fields do
-  if got[n] and string.sub(got[n], 1, 8) == ARGV[2 * n + 1] then victims[#victims + 1] = fields[n] end
+local tlo, thi = struct.unpack('<I4I4', ARGV[2])
+local quota = tonumber(ARGV[3])
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  if #all[i] == 8 and #all[i + 1] < 16 then
+    error('dynemb: a stored row of ' .. #all[i + 1] .. ' bytes has no header')
+  end
 end
-return hdel(victims)
+local victims = {}
+local below, removed, left = 0, 0, 0
+for i = 1, #all, 2 do
+  if #all[i] == 8 then
+    local lo, hi = struct.unpack('<I4I4', all[i + 1], 9)
+    if hi < thi or (hi == thi and lo < tlo) then
+      below = below + 1
+      victims[#victims + 1] = all[i]
+    elseif hi == thi and lo == tlo then
+      if removed < quota then
+        removed = removed + 1
+        victims[#victims + 1] = all[i]
+      else
+        left = left + 1
+      end
+    end
+  end
+end
+hdel(victims)
+return {below, removed, left}
 "#,
     )
+    .with_native("DYNEMB.REMOVE_BELOW")
 });
 
 /// `remove`, [`recorded`]: `ARGV[2..]` are the fields to remove. Returns
@@ -485,20 +534,19 @@ return hdel(fields)
 pub(crate) static CLEAR: LazyLock<Lua> =
     LazyLock::new(|| recorded("", "return redis.call('UNLINK', KEYS[1])"));
 
-/// `restrict`'s scan: every row's field and 16-byte header (version and
-/// score), flat: `[field, header, field, header, ...]`.
-pub(crate) static HEADERS: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
+/// `restore`'s start on a bucket, [`recorded`]: `ARGV[2]` the checkpoint
+/// being restored. Removes the bucket's rows and leaves only its marker
+/// (the field [`crate::layout::RESTORING_FIELD`], whose value is
+/// `ARGV[2]`), which makes every read of the bucket an error until the
+/// restore is finished. Returns 1.
+pub(crate) static MARK_RESTORING: LazyLock<Lua> = LazyLock::new(|| {
+    recorded(
+        "",
         r#"
-local all = redis.call('HGETALL', KEYS[1])
-local out = {}
-for i = 1, #all, 2 do
-  out[#out + 1] = all[i]
-  out[#out + 1] = string.sub(all[i + 1], 1, 16)
-end
-return out
-"#
-        .to_string(),
+redis.call('UNLINK', KEYS[1])
+redis.call('HSET', KEYS[1], 'restoring', ARGV[2])
+return 1
+"#,
     )
 });
 
@@ -548,16 +596,17 @@ pub(crate) fn native_commands() -> Vec<&'static str> {
 }
 
 /// Every script, loaded on each new connection.
-pub(crate) static ALL_SCRIPTS: LazyLock<[&'static Lua; 10]> = LazyLock::new(|| {
+pub(crate) static ALL_SCRIPTS: LazyLock<[&'static Lua; 11]> = LazyLock::new(|| {
     [
         &*INSERT_ABSENT,
         &*UPSERT,
         &*ACCUM,
         &*WRITE_IF_UNCHANGED,
-        &*REMOVE_IF_UNCHANGED,
+        &*SCORES,
+        &*REMOVE_BELOW,
         &*REMOVE,
         &*CLEAR,
-        &*HEADERS,
+        &*MARK_RESTORING,
         &*OPEN,
         &*CREATE_SLOT,
     ]

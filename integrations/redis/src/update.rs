@@ -45,6 +45,11 @@
 //! run more than once for a key (its result of a conflicting round is
 //! dropped), which [`EmbeddingStore::update_rows`]'s contract allows.
 //!
+//! Each round trip of a call is a batch with a deadline of its own
+//! ([`RedisConfig::batch_deadline`](crate::RedisConfig::batch_deadline)
+//! from when it is sent), so a call of many rounds or chunks may last
+//! longer than one deadline.
+//!
 //! A result holding a NaN or an infinity is not written (the occurrence is
 //! skipped, a missing key is not inserted by it), as on a local variable;
 //! the call then returns [`Error::NonFinite`] naming the first such

@@ -9,11 +9,13 @@ use crate::layout::{self, Row};
 use crate::meta::Meta;
 use crate::reply;
 use crate::scripts::{self, Lua};
-use dynemb::{Error, Initializer, Key, RestrictPolicy, Result, SlotId};
+use dynemb::{BackendErrorKind, Error, Initializer, Key, RestrictPolicy, Result, SlotId};
 use redis::Value;
 use std::collections::HashMap;
 use std::marker::PhantomData;
+use std::ops::Range;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Instant;
 
 /// A dynamic embedding table stored in Redis: rows of `dim` `f32`s keyed by
 /// `K`, shared by every process that opens it, with
@@ -247,6 +249,32 @@ fn table_id(identity: &str) -> u64 {
         .or_insert_with(dynemb::new_store_id)
 }
 
+/// Buckets a whole-table pass sends one command each per round trip
+/// (`HLEN`, a clear, a restore's marker): a table of many buckets takes
+/// several round trips, none larger than this.
+pub(crate) const BUCKETS_PER_ROUND_TRIP: u32 = 4096;
+
+/// The buckets `0..buckets` in consecutive windows of at most
+/// [`BUCKETS_PER_ROUND_TRIP`].
+pub(crate) fn bucket_windows(buckets: u32) -> impl Iterator<Item = Range<u32>> {
+    (0..buckets)
+        .step_by(BUCKETS_PER_ROUND_TRIP as usize)
+        .map(move |start| start..buckets.min(start + BUCKETS_PER_ROUND_TRIP))
+}
+
+/// The error of a read of a variable being restored: a restore of
+/// `checkpoint` is in progress, or was interrupted.
+pub(crate) fn restoring_error(store: &str, checkpoint: &[u8]) -> Error {
+    Error::Backend {
+        store: store.to_string(),
+        kind: BackendErrorKind::NotServing,
+        message: format!(
+            "a restore of checkpoint {} is in progress or was interrupted; until it is run again to its end (or the variable is cleared), the variable is not read",
+            String::from_utf8_lossy(checkpoint)
+        ),
+    }
+}
+
 /// `EVALSHA <script> 1 <key>`, arguments to follow.
 pub(crate) fn script_cmd(script: &Lua, key: &[u8]) -> redis::Cmd {
     let mut cmd = redis::cmd("EVALSHA");
@@ -384,6 +412,21 @@ impl<K: Key> RedisVariable<K> {
         self.write_cmd_with_capacity(script, bucket, id, 0, 0)
     }
 
+    /// A read of bucket `bucket` by `script` (not recorded: it writes
+    /// nothing): `EVALSHA <script> 1 <bucket key>`, or its module command
+    /// `<command> <bucket key>` when the variable uses the module.
+    pub(crate) fn read_cmd(&self, script: &Lua, bucket: u32) -> redis::Cmd {
+        let key = self.bucket_key(bucket);
+        match script.native().filter(|_| self.inner.native) {
+            Some(command) => {
+                let mut cmd = redis::cmd(command);
+                cmd.arg(key);
+                cmd
+            }
+            None => script_cmd(script, key),
+        }
+    }
+
     /// [`RedisVariable::write_cmd`] with room for `args` more arguments of
     /// `bytes` bytes in all, so that a large write is not copied as it
     /// grows.
@@ -435,21 +478,35 @@ impl<K: Key> RedisVariable<K> {
     }
 
     /// The stored rows of a grouped batch (`HMGET` per bucket), each
-    /// position's bytes or `None` if absent, in batch order.
+    /// position's bytes or `None` if absent, in batch order; a batch of
+    /// its own (its deadline starts now).
     pub(crate) fn fetch(&self, bits: &[u64], grouped: &Grouped) -> Result<Vec<Option<Vec<u8>>>> {
+        self.fetch_by(bits, grouped, self.inner.cluster.deadline())
+    }
+
+    /// [`RedisVariable::fetch`] by the call's `deadline`.
+    pub(crate) fn fetch_by(
+        &self,
+        bits: &[u64],
+        grouped: &Grouped,
+        deadline: Instant,
+    ) -> Result<Vec<Option<Vec<u8>>>> {
         let replies = self
             .inner
             .cluster
-            .run(&self.fetch_requests(bits, grouped))?;
+            .run_by(&self.fetch_requests(bits, grouped), deadline)?;
         self.fetched_rows(bits, grouped, replies)
     }
 
-    /// [`RedisVariable::fetch`]'s requests: an `HMGET` per bucket.
+    /// [`RedisVariable::fetch`]'s requests: an `HMGET` per bucket, of the
+    /// restore marker ([`layout::RESTORING_FIELD`]) and then the rows.
     pub(crate) fn fetch_requests(&self, bits: &[u64], grouped: &Grouped) -> Vec<Request> {
         let mut requests = Vec::with_capacity(grouped.len());
         for (bucket, positions) in grouped.iter() {
-            let mut cmd = redis::Cmd::with_capacity(positions.len() + 2, 8 * positions.len() + 64);
-            cmd.arg("HMGET").arg(self.bucket_key(bucket));
+            let mut cmd = redis::Cmd::with_capacity(positions.len() + 3, 8 * positions.len() + 80);
+            cmd.arg("HMGET")
+                .arg(self.bucket_key(bucket))
+                .arg(layout::RESTORING_FIELD);
             for &p in positions {
                 cmd.arg(&layout::field(bits[p as usize])[..]);
             }
@@ -458,22 +515,42 @@ impl<K: Key> RedisVariable<K> {
         requests
     }
 
-    /// The rows in the replies to [`RedisVariable::fetch_requests`].
+    /// The rows in the replies to [`RedisVariable::fetch_requests`]; a
+    /// bucket being restored is an error (see [`restoring_error`]).
     pub(crate) fn fetched_rows(
         &self,
         bits: &[u64],
         grouped: &Grouped,
         replies: Vec<Value>,
     ) -> Result<Vec<Option<Vec<u8>>>> {
+        self.fetched_rows_with(bits, grouped, replies, false)
+    }
+
+    /// [`RedisVariable::fetched_rows`]; `restorer`: the caller is the
+    /// restore itself, which reads the buckets it marked.
+    pub(crate) fn fetched_rows_with(
+        &self,
+        bits: &[u64],
+        grouped: &Grouped,
+        replies: Vec<Value>,
+        restorer: bool,
+    ) -> Result<Vec<Option<Vec<u8>>>> {
         let mut rows: Vec<Option<Vec<u8>>> = vec![None; bits.len()];
         for ((_, positions), reply) in grouped.iter().zip(replies) {
             let items = reply::array(self.store(), "HMGET", reply)?;
-            if items.len() != positions.len() {
+            if items.len() != positions.len() + 1 {
                 return Err(reply::unexpected(
                     self.store(),
                     "HMGET",
                     &Value::Array(items),
                 ));
+            }
+            let mut items = items.into_iter();
+            let marker = items.next().expect("the marker's item");
+            if let Some(checkpoint) = reply::bytes_or_nil(self.store(), "HMGET", marker)? {
+                if !restorer {
+                    return Err(restoring_error(self.store(), &checkpoint));
+                }
             }
             for (&p, item) in positions.iter().zip(items) {
                 rows[p as usize] = reply::bytes_or_nil(self.store(), "HMGET", item)?;
@@ -485,7 +562,7 @@ impl<K: Key> RedisVariable<K> {
     /// Copies the rows of `keys` into `out` (`keys.len() * dim` values).
     /// Missing keys get the initializer's row. Never inserts.
     pub fn lookup(&self, keys: &[K], out: &mut [f32]) -> Result<()> {
-        self.lookup_rows(keys, out, None)
+        self.lookup_rows(keys, out, None, self.inner.cluster.deadline())
     }
 
     /// [`RedisVariable::lookup`], also telling which keys were present.
@@ -495,15 +572,22 @@ impl<K: Key> RedisVariable<K> {
         out: &mut [f32],
         exists: &mut [bool],
     ) -> Result<()> {
+        let deadline = self.inner.cluster.deadline();
         check_len("exists", keys.len(), exists.len())?;
-        self.lookup_rows(keys, out, Some(exists))
+        self.lookup_rows(keys, out, Some(exists), deadline)
     }
 
-    fn lookup_rows(&self, keys: &[K], out: &mut [f32], exists: Option<&mut [bool]>) -> Result<()> {
+    fn lookup_rows(
+        &self,
+        keys: &[K],
+        out: &mut [f32],
+        exists: Option<&mut [bool]>,
+        deadline: Instant,
+    ) -> Result<()> {
         let dim = self.dim();
         check_len("out", batch_len(keys.len(), dim)?, out.len())?;
         let (bits, grouped) = self.group(keys)?;
-        let rows = self.fetch(&bits, &grouped)?;
+        let rows = self.fetch_by(&bits, &grouped, deadline)?;
         // Decode everything before writing `out`: an error leaves it as it was.
         let parsed = self.parse_rows(&rows)?;
         for (i, row) in parsed.iter().enumerate() {
@@ -525,11 +609,12 @@ impl<K: Key> RedisVariable<K> {
     /// missing keys with the initializer's row. If another process inserts
     /// a key at the same moment, both read the one row that was stored.
     pub fn lookup_or_insert(&self, keys: &[K], out: &mut [f32]) -> Result<()> {
+        let deadline = self.inner.cluster.deadline();
         let dim = self.dim();
         check_len("out", batch_len(keys.len(), dim)?, out.len())?;
         let mut exists = vec![false; keys.len()];
         let mut rows = vec![0.0; out.len()];
-        self.lookup_rows(keys, &mut rows, Some(&mut exists))?;
+        self.lookup_rows(keys, &mut rows, Some(&mut exists), deadline)?;
         // Each missing key once, at its first position.
         let mut first: HashMap<u64, usize> = HashMap::new();
         let mut missing_keys = Vec::new();
@@ -557,7 +642,7 @@ impl<K: Key> RedisVariable<K> {
                 }
                 requests.push(self.bucket_request(bucket, &cmd));
             }
-            let replies = self.inner.cluster.run(&requests)?;
+            let replies = self.inner.cluster.run_by(&requests, deadline)?;
             for ((_, positions), reply) in grouped.iter().zip(replies) {
                 let items = reply::array(self.store(), "insert", reply)?;
                 if items.len() != positions.len() {
@@ -592,6 +677,7 @@ impl<K: Key> RedisVariable<K> {
     /// absent keys. A key repeated in one batch: the last one wins. A
     /// present row keeps its slot columns.
     pub fn upsert(&self, keys: &[K], values: &[f32]) -> Result<()> {
+        let deadline = self.inner.cluster.deadline();
         let dim = self.dim();
         check_len("values", batch_len(keys.len(), dim)?, values.len())?;
         check_finite("values", values)?;
@@ -611,7 +697,7 @@ impl<K: Key> RedisVariable<K> {
             }
             requests.push(self.bucket_request(bucket, &cmd));
         }
-        for reply in self.inner.cluster.run(&requests)? {
+        for reply in self.inner.cluster.run_by(&requests, deadline)? {
             reply::int(self.store(), "upsert", reply)?;
         }
         Ok(())
@@ -631,6 +717,7 @@ impl<K: Key> RedisVariable<K> {
     /// (`what: "accum result"`, the first refused key's position, an
     /// infinite value of the sum's sign).
     pub fn accum(&self, keys: &[K], deltas: &[f32], exists: &[bool]) -> Result<()> {
+        let deadline = self.inner.cluster.deadline();
         let dim = self.dim();
         check_len("deltas", batch_len(keys.len(), dim)?, deltas.len())?;
         check_len("exists", keys.len(), exists.len())?;
@@ -653,7 +740,7 @@ impl<K: Key> RedisVariable<K> {
             }
             requests.push(self.bucket_request(bucket, &cmd));
         }
-        let replies = self.inner.cluster.run(&requests)?;
+        let replies = self.inner.cluster.run_by(&requests, deadline)?;
         let mut refused: Option<(usize, f32)> = None;
         for ((_, positions), reply) in grouped.iter().zip(replies) {
             let items = reply::array(self.store(), "accum", reply)?;
@@ -694,6 +781,7 @@ impl<K: Key> RedisVariable<K> {
 
     /// Removes `keys` with their slots and scores; absent keys are ignored.
     pub fn remove(&self, keys: &[K]) -> Result<()> {
+        let deadline = self.inner.cluster.deadline();
         let (bits, grouped) = self.group(keys)?;
         // A recorded script, not a plain HDEL: a resent HDEL could remove a
         // row another writer inserted after the first one ran.
@@ -706,24 +794,29 @@ impl<K: Key> RedisVariable<K> {
             }
             requests.push(self.bucket_request(bucket, &cmd));
         }
-        for reply in self.inner.cluster.run(&requests)? {
+        for reply in self.inner.cluster.run_by(&requests, deadline)? {
             reply::int(self.store(), "remove", reply)?;
         }
         Ok(())
     }
 
     /// Removes every key (the slot columns stay defined, as on a local
-    /// variable).
+    /// variable), 4096 buckets per round trip; it
+    /// also ends a restore that was interrupted (see
+    /// [`RedisVariable::restore`]), leaving the variable empty. A failure
+    /// part-way leaves some buckets cleared and the others as they were.
     pub fn clear(&self) -> Result<()> {
         // Recorded, as `remove` is: a resend never removes later rows.
-        let id = layout::new_version();
-        let requests: Vec<Request> = (0..self.inner.buckets)
-            .map(|b| self.bucket_request(b, &self.write_cmd(&scripts::CLEAR, b, id)))
-            .collect();
-        for reply in self.inner.cluster.run(&requests)? {
-            reply::int(self.store(), "clear", reply)?;
+        for window in bucket_windows(self.inner.buckets) {
+            let id = layout::new_version();
+            let requests: Vec<Request> = window
+                .map(|b| self.bucket_request(b, &self.write_cmd(&scripts::CLEAR, b, id)))
+                .collect();
+            for reply in self.inner.cluster.run(&requests)? {
+                reply::int(self.store(), "clear", reply)?;
+            }
         }
-        Ok(())
+        self.set_restoring(None)
     }
 
     /// Removes the variable from Redis altogether: its rows and its
@@ -744,15 +837,22 @@ impl<K: Key> RedisVariable<K> {
         reply::int(self.store(), "UNLINK", reply).map(drop)
     }
 
-    /// Rows in every bucket (`HLEN` of each, one round trip per node):
-    /// exact when no batch is in flight.
+    /// Rows in every bucket (`HLEN` of each, 4096 buckets per round
+    /// trip): exact when no batch is in flight. An
+    /// error while a restore is in progress or after one was interrupted
+    /// (see [`RedisVariable::restore`]).
     pub fn size(&self) -> Result<usize> {
-        Ok(self.bucket_sizes()?.iter().sum())
+        self.check_not_restoring()?;
+        let mut total = 0;
+        for window in bucket_windows(self.inner.buckets) {
+            total += self.bucket_sizes(window)?.iter().sum::<usize>();
+        }
+        Ok(total)
     }
 
-    /// Rows per bucket.
-    pub(crate) fn bucket_sizes(&self) -> Result<Vec<usize>> {
-        let requests: Vec<Request> = (0..self.inner.buckets)
+    /// Rows per bucket of `buckets` (one round trip per node).
+    pub(crate) fn bucket_sizes(&self, buckets: Range<u32>) -> Result<Vec<usize>> {
+        let requests: Vec<Request> = buckets
             .map(|b| {
                 let mut cmd = redis::cmd("HLEN");
                 cmd.arg(self.bucket_key(b));
@@ -775,9 +875,10 @@ impl<K: Key> RedisVariable<K> {
     /// policy's timestamp or count, 0 for a missing key or a variable
     /// without a policy.
     pub fn lookup_scores(&self, keys: &[K], out: &mut [u64]) -> Result<()> {
+        let deadline = self.inner.cluster.deadline();
         check_len("out", keys.len(), out.len())?;
         let (bits, grouped) = self.group(keys)?;
-        let rows = self.fetch(&bits, &grouped)?;
+        let rows = self.fetch_by(&bits, &grouped, deadline)?;
         let scores = rows
             .iter()
             .map(|r| match r {

@@ -5,7 +5,7 @@
 
 mod support;
 
-use dynemb::{Error, Initializer, SlotId};
+use dynemb::{Error, Initializer, RestrictPolicy, SlotId};
 use dynemb_redis::{RedisConfig, RedisVariable};
 use support::Server;
 
@@ -190,4 +190,174 @@ fn results_that_are_not_finite_are_refused_per_row() {
         [true, false, true],
         "the refused new key is not inserted"
     );
+}
+
+/// The bucket of a key's bits among `buckets` (the storage format's hash,
+/// SplitMix64's finalizer, see `layout.rs`).
+fn bucket_of(bits: u64, buckets: u32) -> u32 {
+    let mut z = bits;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z % u64::from(buckets)) as u32
+}
+
+/// Everything a caller can see of `var` for `keys`: rows, each slot's
+/// rows, scores, the slot list and the size.
+type Seen = (Vec<f32>, Vec<Vec<f32>>, Vec<u64>, Vec<String>, usize);
+
+fn seen(var: &RedisVariable<i64>, keys: &[i64]) -> Seen {
+    let dim = var.dim();
+    let mut rows = vec![0.0; keys.len() * dim];
+    var.lookup(keys, &mut rows).unwrap();
+    let names = var.slot_names().unwrap();
+    let slots = names
+        .iter()
+        .map(|name| {
+            let mut out = vec![0.0; keys.len() * dim];
+            var.lookup_slot(var.slot_id(name).unwrap(), keys, &mut out)
+                .unwrap();
+            out
+        })
+        .collect();
+    let mut scores = vec![0; keys.len()];
+    var.lookup_scores(keys, &mut scores).unwrap();
+    (rows, slots, scores, names, var.size().unwrap())
+}
+
+/// Every "checked before anything changes" promise of `RedisVariable`,
+/// each made to fail on its last check: the call is an error and nothing
+/// a caller can see changed (rows, slot rows, scores, slots, size; an
+/// output buffer is untouched).
+#[test]
+fn each_checked_first_promise_fails_on_its_last_check_and_changes_nothing() {
+    let server = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let var = RedisVariable::<i64>::builder("emb")
+        .dim(2)
+        .restrict_policy(RestrictPolicy::Frequency)
+        .config(server.config())
+        .build()
+        .unwrap();
+    let keys = [1, 2, 3, 4];
+    var.upsert(&[1, 2], &[5.0; 4]).unwrap();
+    var.upsert(&[2], &[6.0; 2]).unwrap();
+    let m = var.create_slot("m", 0.25).unwrap();
+    var.update_rows(&[1], &[m], |_, _, slot| slot.fill(9.0))
+        .unwrap();
+    // A checkpoint with Timestamp scores and a slot the variable lacks.
+    let local = dynemb::Variable::<i64>::builder("emb")
+        .dim(2)
+        .restrict_policy(RestrictPolicy::Timestamp)
+        .build()
+        .unwrap();
+    local.upsert(&[3], &[1.0; 2]).unwrap();
+    local.create_slot("v", 0.0).unwrap();
+    local.save(dir.path().join("timestamps")).unwrap();
+    let before = seen(&var, &keys);
+
+    let mut out = [7.0f32; 4];
+    let mut exists = [true; 2];
+    let failures: Vec<(&str, Error)> = vec![
+        // lookup_with_exists: `exists` fits, `out` (checked last) does not.
+        (
+            "lookup_with_exists",
+            var.lookup_with_exists(&[1, 2], &mut out[..3], &mut exists)
+                .unwrap_err(),
+        ),
+        // upsert: lengths fit, a value (checked last) is not finite.
+        (
+            "upsert",
+            var.upsert(&[1, 3], &[1.0, 2.0, 3.0, f32::NAN]).unwrap_err(),
+        ),
+        // accum: lengths fit, a delta (checked last) is not finite.
+        (
+            "accum",
+            var.accum(&[4, 1], &[1.0, 1.0, f32::NEG_INFINITY, 0.0], &[false, true])
+                .unwrap_err(),
+        ),
+        // update_rows: both slots are this table's and exist; the second
+        // repeats the first (the last check).
+        (
+            "update_rows",
+            var.update_rows(&[1, 4], &[m, m], |_, v, _| v.fill(0.0))
+                .unwrap_err(),
+        ),
+        // create_slot: a good name and value; the slot exists with another
+        // initial value (the last check).
+        ("create_slot", var.create_slot("m", 0.5).unwrap_err()),
+        // restore and load: the checkpoint is whole and its slot fits; its
+        // scores are of another policy (the last check).
+        (
+            "restore",
+            var.restore(dir.path().join("timestamps")).unwrap_err(),
+        ),
+        ("load", var.load(dir.path().join("timestamps")).unwrap_err()),
+        // restrict: the policy is there, a stored row is corrupt (found by
+        // the score passes, before anything is removed); see
+        // whole_table.rs. A bad chunk size for export_chunks:
+        (
+            "export_chunks",
+            var.export_chunks(0).next().unwrap().unwrap_err(),
+        ),
+    ];
+    for (what, err) in &failures {
+        assert!(
+            matches!(
+                err,
+                Error::LengthMismatch { .. }
+                    | Error::NonFinite { .. }
+                    | Error::InvalidArgument(_)
+                    | Error::Mismatch { .. }
+            ),
+            "{what}: {err}"
+        );
+        assert_eq!(seen(&var, &keys), before, "{what} changed nothing");
+    }
+    assert_eq!(out, [7.0; 4], "an output buffer is untouched");
+    assert_eq!(exists, [true; 2]);
+
+    // The slot room, checked just before the policy: a variable with
+    // every slot taken and a checkpoint bringing one more.
+    for i in 1..dynemb::MAX_SLOTS {
+        var.create_slot(&format!("s{i}"), 0.0).unwrap();
+    }
+    let full = seen(&var, &keys);
+    let same_policy = dynemb::Variable::<i64>::builder("emb")
+        .dim(2)
+        .restrict_policy(RestrictPolicy::Frequency)
+        .build()
+        .unwrap();
+    same_policy.upsert(&[3], &[1.0; 2]).unwrap();
+    same_policy.create_slot("v", 0.0).unwrap();
+    same_policy.save(dir.path().join("one_slot_more")).unwrap();
+    for replace in [true, false] {
+        let err = if replace {
+            var.restore(dir.path().join("one_slot_more"))
+        } else {
+            var.load(dir.path().join("one_slot_more"))
+        }
+        .unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+        assert_eq!(seen(&var, &keys), full, "nothing changed");
+    }
+    let err = var.create_slot("one more", 0.0).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    assert_eq!(seen(&var, &keys), full, "nothing changed");
+
+    // A corrupt stored row: a lookup_or_insert that meets it inserts
+    // nothing (every row read is decoded before anything is written).
+    let mut conn = server.connection();
+    let _: () = redis::cmd("HSET")
+        .arg(format!("dynemb:emb:{{{}}}", bucket_of(100, 256)))
+        .arg(&100i64.to_le_bytes()[..])
+        .arg(b"short")
+        .query(&mut conn)
+        .unwrap();
+    let size = var.size().unwrap();
+    let mut rows = [7.0f32; 4];
+    let err = var.lookup_or_insert(&[100, 5], &mut rows).unwrap_err();
+    assert!(matches!(err, Error::Backend { .. }), "{err}");
+    assert_eq!(rows, [7.0; 4], "untouched");
+    assert_eq!(var.size().unwrap(), size, "nothing inserted");
 }

@@ -212,3 +212,68 @@ fn another_dim_or_key_type_is_a_mismatch_at_open() {
         .build()
         .unwrap();
 }
+
+/// Bytes `server` has received from its clients.
+fn net_input(server: &Server) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query(&mut server.connection())
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_net_input_bytes:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// A call of one batch counts its whole time against its deadline: one
+/// whose deadline passes while its commands are built here sends nothing.
+#[test]
+fn a_call_whose_deadline_passes_while_it_is_built_sends_nothing() {
+    let server = Server::start();
+    let config = RedisConfig {
+        buckets: 4096,
+        ..server.config()
+    };
+    let roomy = RedisVariable::<i64>::builder("emb")
+        .dim(32)
+        .config(config.clone())
+        .build()
+        .unwrap();
+    // A 50 ms command timeout: opening may miss it on a loaded machine, so
+    // it is tried until it succeeds.
+    let tight = (0..200)
+        .find_map(|_| {
+            RedisVariable::<i64>::builder("emb")
+                .dim(32)
+                .config(RedisConfig {
+                    command_timeout: Duration::from_millis(50),
+                    ..config.clone()
+                })
+                .build()
+                .ok()
+        })
+        .expect("a handle with a 50 ms command timeout opens");
+    // Building this batch here takes longer than its 100 ms deadline
+    // (sending it and running it would take longer still).
+    let keys: Vec<i64> = (0..400_000).collect();
+    let deltas = vec![1.0; keys.len() * 32];
+    let received = net_input(&server);
+    let err = tight
+        .accum(&keys, &deltas, &vec![false; keys.len()])
+        .unwrap_err();
+    assert_eq!(backend_kind(&err), BackendErrorKind::Timeout, "{err}");
+    assert!(err.to_string().contains("deadline"), "{err}");
+    let err = tight.upsert(&keys, &deltas).unwrap_err();
+    assert_eq!(backend_kind(&err), BackendErrorKind::Timeout, "{err}");
+    // Only the two `INFO`s reached the server: nothing of the batches.
+    assert!(net_input(&server) - received < 1000, "nothing was sent");
+    assert_eq!(roomy.size().unwrap(), 0);
+    // A small batch fits in its deadline.
+    let small = (0..200)
+        .find_map(|_| tight.accum(&[1], &[1.0; 32], &[false]).ok())
+        .is_some();
+    assert!(small);
+    assert_eq!(roomy.size().unwrap(), 1);
+}

@@ -334,3 +334,138 @@ fn a_user_not_allowed_the_modules_commands_gets_the_scripts() {
     assert!(var.uses_module());
     var.accum(&[1], &[1.0, 2.0], &[false]).unwrap();
 }
+
+/// `DYNEMB.REMOVE_BELOW` on `bucket` with `record` and the given
+/// threshold and quota arguments.
+fn remove_below(
+    conn: &mut redis::Connection,
+    bucket: &[u8],
+    record: &str,
+    rest: &[&[u8]],
+) -> redis::RedisResult<Value> {
+    let mut cmd = redis::cmd("DYNEMB.REMOVE_BELOW");
+    cmd.arg(bucket).arg(record).arg(60_000);
+    for a in rest {
+        cmd.arg(*a);
+    }
+    cmd.query(conn)
+}
+
+#[test]
+fn restricts_commands_read_scores_prune_once_and_refuse_malformed_calls() {
+    let server = Server::start();
+    let mut conn = server.connection();
+    for (field, score) in [
+        (&b"aaaaaaaa"[..], 1u64),
+        (b"bbbbbbbb", 5),
+        (b"cccccccc", 3),
+        (b"dddddddd", 3),
+        (b"eeeeeeee", 3),
+    ] {
+        let _: () = redis::cmd("HSET")
+            .arg(BUCKET)
+            .arg(field)
+            .arg(row(b"VERSION0", score, &[1.0, 2.0]))
+            .query(&mut conn)
+            .unwrap();
+    }
+    let _: () = redis::cmd("HSET")
+        .arg(BUCKET)
+        .arg("restoring")
+        .arg("a checkpoint")
+        .query(&mut conn)
+        .unwrap();
+
+    // The scores of the rows, and only of the rows.
+    let scores: Vec<u8> = redis::cmd("DYNEMB.SCORES")
+        .arg(BUCKET)
+        .query(&mut conn)
+        .unwrap();
+    let mut scores: Vec<u64> = scores
+        .chunks(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    scores.sort();
+    assert_eq!(scores, [1, 3, 3, 3, 5]);
+    let none: Vec<u8> = redis::cmd("DYNEMB.SCORES")
+        .arg("absent")
+        .query(&mut conn)
+        .unwrap();
+    assert!(none.is_empty());
+    let _: () = redis::cmd("SET")
+        .arg("a-string")
+        .arg("x")
+        .query(&mut conn)
+        .unwrap();
+    for bad in [
+        redis::cmd("DYNEMB.SCORES").arg("a-string").clone(),
+        redis::cmd("DYNEMB.SCORES").arg(BUCKET).arg("extra").clone(),
+    ] {
+        assert!(bad.query::<Value>(&mut conn).is_err());
+    }
+
+    // Malformed calls and a corrupt row change nothing and record nothing.
+    let three = 3u64.to_le_bytes();
+    let before = {
+        let mut rows = bucket(&mut conn);
+        rows.sort();
+        rows
+    };
+    let corrupt: &[u8] = b"t:emb:{1}";
+    let _: () = redis::cmd("HSET")
+        .arg(corrupt)
+        .arg(b"ffffffff")
+        .arg(row(b"VERSION0", 0, &[1.0]))
+        .arg(b"gggggggg")
+        .arg(b"short")
+        .query(&mut conn)
+        .unwrap();
+    type Case<'a> = (&'a str, &'a [u8], Vec<&'a [u8]>);
+    let cases: Vec<Case<'_>> = vec![
+        ("a threshold of 3 bytes", BUCKET, vec![&b"abc"[..], b"2"]),
+        (
+            "a quota that is not a number",
+            BUCKET,
+            vec![&three[..], b"x"],
+        ),
+        ("no quota", BUCKET, vec![&three[..]]),
+        (
+            "a stored row without a header",
+            corrupt,
+            vec![&three[..], b"0"],
+        ),
+    ];
+    for (i, (what, key, rest)) in cases.iter().enumerate() {
+        let got = remove_below(&mut conn, key, &format!("bad{i}"), rest);
+        assert!(got.is_err(), "{what}: {got:?}");
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(format!("bad{i}"))
+            .query(&mut conn)
+            .unwrap();
+        assert!(!exists, "{what}: no record of a failed call");
+    }
+    let mut after = bucket(&mut conn);
+    after.sort();
+    assert_eq!(after, before, "every row as it was");
+    let len: usize = redis::cmd("HLEN").arg(corrupt).query(&mut conn).unwrap();
+    assert_eq!(len, 2, "the corrupt bucket as it was");
+
+    // Below the threshold goes, ties up to the quota, the marker stays;
+    // a resend answers from its record and removes nothing more.
+    let expected = Value::Array(vec![Value::Int(1), Value::Int(2), Value::Int(1)]);
+    for _ in 0..2 {
+        let got = remove_below(&mut conn, BUCKET, "pruned", &[&three, b"2"]).unwrap();
+        assert_eq!(got, expected);
+        let fields: Vec<Vec<u8>> = bucket(&mut conn).into_iter().map(|(f, _)| f).collect();
+        assert_eq!(fields.len(), 3, "{fields:?}");
+        assert!(fields.contains(&b"bbbbbbbb".to_vec()));
+        assert!(fields.contains(&b"restoring".to_vec()));
+    }
+    let in_lua: Value = redis::cmd("EVAL")
+        .arg("return cmsgpack.unpack(redis.call('GET', KEYS[1]))")
+        .arg(1)
+        .arg("pruned")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(in_lua, expected, "a record the scripts read");
+}

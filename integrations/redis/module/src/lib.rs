@@ -15,9 +15,14 @@
 //! | `DYNEMB.UPSERT bucket record ttl mode stamp version [field values]...` | `UPSERT` |
 //! | `DYNEMB.ACCUM bucket record ttl mode stamp version dim [field exists deltas]...` | `ACCUM` |
 //! | `DYNEMB.WRITE_IF_UNCHANGED bucket record ttl [field expected row]...` | `WRITE_IF_UNCHANGED` |
+//! | `DYNEMB.SCORES bucket` (a read) | `SCORES` |
+//! | `DYNEMB.REMOVE_BELOW bucket record ttl threshold quota` | `REMOVE_BELOW` |
 //!
 //! Each takes the script's `KEYS` then its `ARGV` and answers what the
-//! script answers ([`rows`] says what each does to the rows, and where a
+//! script answers (`SCORES` and `REMOVE_BELOW`, `restrict`'s scan and
+//! removal, read the bucket's rows in place with `RedisModule_ScanKey`
+//! and look only at their scores: no row is copied, where the scripts
+//! copy the whole bucket into Lua) ([`rows`] says what each does to the rows, and where a
 //! corrupt stored row makes the native form stricter than the script).
 //!
 //! Needs Redis 7.0 or later. In Redis 7.0 a module's commands belong to
@@ -58,6 +63,7 @@
 pub mod record;
 pub mod rows;
 
+use redis_module::key::KeyFlags;
 use redis_module::{
     CallOptions, CallOptionsBuilder, CallReply, CallResult, Context, RedisError, RedisResult,
     RedisString, RedisValue,
@@ -348,6 +354,87 @@ fn write_if_unchanged_command(ctx: &Context, args: Vec<RedisString>) -> RedisRes
     })
 }
 
+/// The `(field, score)` of every row of the hash `bucket` (none if the
+/// key does not exist; an error if it is not a hash or a row has no
+/// header), read in place with `RedisModule_ScanKey`: no row is copied.
+fn bucket_scores(
+    ctx: &Context,
+    bucket: &RedisString,
+) -> Result<Vec<([u8; rows::FIELD_BYTES], u64)>, RedisError> {
+    let key = ctx.open_key_with_flags(bucket, KeyFlags::NOEFFECTS);
+    if key.is_null() {
+        return Ok(Vec::new());
+    }
+    if key.key_type() != redis_module::KeyType::Hash {
+        return Err(RedisError::WrongType);
+    }
+    let mut found = Vec::new();
+    let mut bad = None;
+    redis_module::ScanKeyCursor::new(key).for_each(|_, field, row| {
+        match rows::scored(field.as_slice(), row.as_slice()) {
+            Ok(Some(entry)) => found.push(entry),
+            Ok(None) => {}
+            Err(e) => bad = Some(e),
+        }
+    });
+    match bad {
+        Some(e) => Err(error(e)),
+        None => Ok(found),
+    }
+}
+
+/// `DYNEMB.SCORES bucket`: the scores of the bucket's rows, 8
+/// little-endian bytes each, as one bulk string.
+fn scores_command(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    let [_, bucket] = &args[..] else {
+        return Err(RedisError::WrongArity);
+    };
+    let out: Vec<u8> = bucket_scores(ctx, bucket)?
+        .iter()
+        .flat_map(|(_, score)| score.to_le_bytes())
+        .collect();
+    Ok(RedisValue::StringBuffer(out))
+}
+
+/// `DYNEMB.REMOVE_BELOW bucket record ttl threshold quota`: `restrict`'s
+/// removal (see [`rows::prune`]; `threshold` 8 little-endian bytes,
+/// `quota` decimal), recorded as every bucket write is. Replies `[below,
+/// ties removed, ties left]`.
+fn remove_below_command(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    let call = Call::parse(&args)?;
+    let [threshold, quota] = call.rest[..] else {
+        return Err(RedisError::WrongArity);
+    };
+    if let Some(reply) = recorded(ctx, &call)? {
+        return Ok(value(reply));
+    }
+    let threshold: [u8; 8] = threshold
+        .try_into()
+        .map_err(|_| error(format!("a threshold is 8 bytes, got {}", threshold.len())))?;
+    let quota = std::str::from_utf8(quota)
+        .ok()
+        .and_then(|q| q.parse::<u64>().ok())
+        .ok_or_else(|| error(format!("quota {:?} is not a number", lossy(quota))))?;
+    let found = bucket_scores(ctx, &args[1])?;
+    let pruning = rows::prune(&found, u64::from_le_bytes(threshold), quota);
+    drop(found);
+    for victims in pruning.victims.chunks(1024) {
+        let mut hdel: Vec<&[u8]> = Vec::with_capacity(victims.len() + 1);
+        hdel.push(call.bucket);
+        hdel.extend(victims.iter().map(Vec::as_slice));
+        run_command(ctx, "HDEL", &hdel, Mode::Write)?;
+    }
+    let reply = pruning.reply();
+    let record = record::encode(&reply);
+    run_command(
+        ctx,
+        "SET",
+        &[call.record, &record, b"PX", call.ttl],
+        Mode::Write,
+    )?;
+    Ok(value(reply))
+}
+
 /// Runs a command's handler; a panic (a bug: every input is checked) is an
 /// error reply, not an abort of the server (a panic must not unwind into
 /// Redis's C code).
@@ -384,6 +471,14 @@ mod entry {
         guarded(ctx, args, super::write_if_unchanged_command)
     }
 
+    fn scores(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+        guarded(ctx, args, super::scores_command)
+    }
+
+    fn remove_below(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+        guarded(ctx, args, super::remove_below_command)
+    }
+
     redis_module! {
         name: "dynemb",
         version: 1,
@@ -396,6 +491,8 @@ mod entry {
             ["dynemb.upsert", upsert, "write", 1, 2, 1, ""],
             ["dynemb.accum", accum, "write", 1, 2, 1, ""],
             ["dynemb.write_if_unchanged", write_if_unchanged, "write", 1, 2, 1, ""],
+            ["dynemb.scores", scores, "readonly", 1, 1, 1, ""],
+            ["dynemb.remove_below", remove_below, "write", 1, 2, 1, ""],
         ],
     }
 }

@@ -337,6 +337,80 @@ pub fn write_if_unchanged(
     })
 }
 
+/// Bytes of a key's field: rows are the fields of exactly this length
+/// (other fields of a bucket, such as a restore's marker, are not rows).
+pub const FIELD_BYTES: usize = 8;
+
+/// The score of a stored row (bytes 8..16, little-endian), or why the row
+/// has none.
+pub fn score_of(row: &[u8]) -> Result<u64, String> {
+    row.get(8..HEADER)
+        .map(|s| u64::from_le_bytes(s.try_into().expect("8 bytes")))
+        .ok_or_else(|| format!("a stored row of {} bytes has no header", row.len()))
+}
+
+/// The field and score of a bucket's entry if it is a row (its field is
+/// [`FIELD_BYTES`] long: other fields, such as a restore's marker, are not
+/// rows), or why the row is corrupt.
+pub fn scored(field: &[u8], row: &[u8]) -> Result<Option<([u8; FIELD_BYTES], u64)>, String> {
+    match <[u8; FIELD_BYTES]>::try_from(field) {
+        Ok(field) => Ok(Some((field, score_of(row)?))),
+        Err(_) => Ok(None),
+    }
+}
+
+/// What `restrict`'s removal does to one bucket: the fields to remove and
+/// the reply `[below, ties removed, ties left]`.
+#[derive(Debug, PartialEq)]
+pub struct Pruning {
+    /// Fields to remove.
+    pub victims: Vec<Vec<u8>>,
+    /// Rows scored below the threshold (all removed).
+    pub below: i64,
+    /// Rows scored at the threshold that are removed (at most the quota).
+    pub ties_removed: i64,
+    /// Rows scored at the threshold that stay.
+    pub ties_left: i64,
+}
+
+impl Pruning {
+    /// The reply: `[below, ties removed, ties left]`.
+    pub fn reply(&self) -> Reply {
+        Reply::Array(vec![
+            Reply::Int(self.below),
+            Reply::Int(self.ties_removed),
+            Reply::Int(self.ties_left),
+        ])
+    }
+}
+
+/// `restrict`'s removal on a bucket's rows (`(field, score)` in the
+/// order the bucket is read, see [`scored`]): every row scored below
+/// `threshold` goes, and the first `quota` rows scored exactly
+/// `threshold`.
+pub fn prune(rows: &[([u8; FIELD_BYTES], u64)], threshold: u64, quota: u64) -> Pruning {
+    let mut pruning = Pruning {
+        victims: Vec::new(),
+        below: 0,
+        ties_removed: 0,
+        ties_left: 0,
+    };
+    let mut quota = quota;
+    for &(field, score) in rows {
+        if score < threshold {
+            pruning.below += 1;
+            pruning.victims.push(field.to_vec());
+        } else if score == threshold && quota > 0 {
+            quota -= 1;
+            pruning.ties_removed += 1;
+            pruning.victims.push(field.to_vec());
+        } else if score == threshold {
+            pruning.ties_left += 1;
+        }
+    }
+    pruning
+}
+
 /// Bytes for a message, lossily.
 pub(crate) fn lossy(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
@@ -370,6 +444,40 @@ mod tests {
             exists,
             deltas,
         }
+    }
+
+    #[test]
+    fn pruning_removes_below_the_threshold_and_ties_up_to_the_quota() {
+        let entries = [
+            (&b"aaaaaaaa"[..], stored(1, &[0.0], b"")),
+            (&b"bbbbbbbb"[..], stored(5, &[0.0], b"")),
+            (&b"cccccccc"[..], stored(3, &[0.0], b"")),
+            (&b"dddddddd"[..], stored(3, &[0.0], b"")),
+            (&b"restoring"[..], b"not a row".to_vec()),
+            (&b"eeeeeeee"[..], stored(3, &[0.0], b"")),
+        ];
+        let rows: Vec<([u8; 8], u64)> = entries
+            .iter()
+            .filter_map(|(f, r)| scored(f, r).unwrap())
+            .collect();
+        assert_eq!(
+            rows.iter().map(|r| r.1).collect::<Vec<_>>(),
+            [1, 5, 3, 3, 3],
+            "the marker is no row"
+        );
+        let p = prune(&rows, 3, 2);
+        assert_eq!(
+            p.victims,
+            [
+                b"aaaaaaaa".to_vec(),
+                b"cccccccc".to_vec(),
+                b"dddddddd".to_vec()
+            ]
+        );
+        assert_eq!((p.below, p.ties_removed, p.ties_left), (1, 2, 1));
+        let p = prune(&rows, 3, 0);
+        assert_eq!((p.below, p.ties_removed, p.ties_left), (1, 0, 3));
+        assert!(scored(b"ffffffff", b"short").is_err());
     }
 
     #[test]
