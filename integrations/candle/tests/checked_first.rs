@@ -17,7 +17,7 @@
 use std::sync::Arc;
 
 use candle_core::{Device, Tensor, Var};
-use candle_nn::SGD;
+use candle_nn::{Optimizer, SGD};
 use dynemb::{RestrictPolicy, Variable, MAX_SLOTS};
 use dynemb_candle::{Embedding, EmbeddingConfig, Error, SparseStep};
 use dynemb_optim::{LearningRate, ParamsAdam, ParamsFtrl, SparseAdam, SparseFtrl};
