@@ -33,10 +33,7 @@ fn create_slots_without_room_adds_none() {
     assert!(matches!(v.slot_id("m"), Err(Error::UnknownSlot { .. })));
     // The check says the same, changing nothing; one slot still fits.
     assert_eq!(v.check_create_slots(&[("m", 0.0), ("v", 0.0)]), Err(err));
-    assert_eq!(
-        EmbeddingStore::check_create_slots(&v, &[("m", 0.0), ("v", 0.0)]).is_err(),
-        true
-    );
+    assert!(EmbeddingStore::check_create_slots(&v, &[("m", 0.0), ("v", 0.0)]).is_err());
     assert_eq!(v.slot_names(), before);
     v.check_create_slots(&[("m", 0.0)]).unwrap();
     let ids = EmbeddingStore::create_slots(&v, &[("m", 0.0), ("s2", 2.0)]).unwrap();
