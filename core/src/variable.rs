@@ -35,7 +35,11 @@
 //! and every slot, [`Variable::update_rows`] updates them together
 //! atomically, removing a key removes its slots, and checkpoints save them.
 //! Slots are added while the variable lives ([`Variable::create_slot`]),
-//! existing rows included, each starting at the slot's initial value.
+//! existing rows included, each starting at the slot's initial value;
+//! [`Variable::create_slots`] adds several all or nothing (an optimizer's
+//! `m` and `v` never arrive one without the other), checked first under
+//! the lock that serializes slot creation. Names (the variable's and its
+//! slots') are at most [`MAX_NAME_BYTES`](crate::MAX_NAME_BYTES) bytes.
 //!
 //! With a [`RestrictPolicy`], every row keeps a score (see
 //! [`restrict`](crate::restrict)) and [`Variable::restrict`] removes the
