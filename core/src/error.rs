@@ -94,6 +94,15 @@ pub enum Error {
         /// What was requested, e.g. `"key type u64, dim 16"`.
         requested: String,
     },
+    /// A saved optimizer state belongs to another optimizer than the one
+    /// asked to restore it (`dynemb-optim`'s state files).
+    #[error("the optimizer state holds {holds}'s state; {requested} was asked to restore it")]
+    WrongOptimizer {
+        /// The optimizer whose state it is (`"SparseAdam"`).
+        holds: String,
+        /// The optimizer that was asked to restore it (`"SparseAdagrad"`).
+        requested: String,
+    },
     /// A file-system operation on a checkpoint failed.
     #[error("i/o error on {path}: {message}")]
     Io {

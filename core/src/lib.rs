@@ -36,6 +36,7 @@ pub mod checkpoint;
 mod error;
 mod initializer;
 mod key;
+mod names;
 mod partitioner;
 #[doc(hidden)]
 pub mod raw;
@@ -47,6 +48,7 @@ mod variable;
 pub use error::{BackendErrorKind, Error, Result};
 pub use initializer::Initializer;
 pub use key::Key;
+pub use names::{check_name, MAX_NAME_BYTES};
 pub use partitioner::Partitioner;
 pub use raw::{MAX_DIM, MAX_SLOTS};
 pub use registry::{AnyVariable, Collection, Getter, Registry, Reuse, Scope, VariableRequest};

@@ -15,6 +15,13 @@
 //!   values, the chosen slots and the row's score change together, and
 //!   concurrent updates of one key (from threads or processes) never lose
 //!   one another;
+//! - slot creation is all or nothing:
+//!   [`create_slots`](EmbeddingStore::create_slots) either makes every slot
+//!   asked for exist or adds none, and
+//!   [`check_create_slots`](EmbeddingStore::check_create_slots) tells,
+//!   changing nothing, whether it would succeed now (names, initial values,
+//!   room for the new columns), so that a caller updating several stores
+//!   checks them all before it changes any;
 //! - bad input is an [`Error`](crate::Error) that changes nothing.
 
 use crate::{Key, Result, SlotId, Variable};
@@ -92,6 +99,74 @@ pub trait EmbeddingStore: Send + Sync {
     /// ([`Error::Mismatch`](crate::Error::Mismatch) otherwise).
     fn create_slot(&self, name: &str, initial: f32) -> Result<SlotId>;
 
+    /// Creates the slot columns `slots` (name, initial value) as
+    /// [`create_slot`](EmbeddingStore::create_slot) creates each, all or
+    /// nothing: either every one exists afterwards (its id returned in the
+    /// order asked) or the call is an error and no slot was added.
+    ///
+    /// The default checks with
+    /// [`check_create_slots`](EmbeddingStore::check_create_slots), then
+    /// creates them one by one: all or nothing as far as that check sees
+    /// (not against a concurrent creator). [`Variable`] and the crate's
+    /// backends create them under one lock or in one server-side script;
+    /// a store that wraps another should forward this method and
+    /// `check_create_slots` to it.
+    fn create_slots(&self, slots: &[(&str, f32)]) -> Result<Vec<SlotId>> {
+        self.check_create_slots(slots)?;
+        slots
+            .iter()
+            .map(|&(name, initial)| self.create_slot(name, initial))
+            .collect()
+    }
+
+    /// Checks, changing nothing, that
+    /// [`create_slots`](EmbeddingStore::create_slots) would succeed now with
+    /// `slots`: names that are not empty and at most
+    /// [`MAX_NAME_BYTES`](crate::MAX_NAME_BYTES) bytes, an existing slot's
+    /// initial value equal to the one asked for
+    /// ([`Error::Mismatch`](crate::Error::Mismatch)), finite new initial
+    /// values, and room for the new columns
+    /// ([`MAX_SLOTS`](crate::MAX_SLOTS) per store). Another handle may
+    /// create slots between this check and the creation.
+    ///
+    /// The default checks what [`slot_id`](EmbeddingStore::slot_id) and
+    /// [`slot_initial`](EmbeddingStore::slot_initial) can tell (not the
+    /// room, which it cannot see); [`Variable`] and the crate's backends
+    /// check everything.
+    fn check_create_slots(&self, slots: &[(&str, f32)]) -> Result<()> {
+        for (i, &(name, initial)) in slots.iter().enumerate() {
+            if name.is_empty() {
+                return Err(crate::Error::InvalidArgument(format!(
+                    "variable {:?}: a slot name must not be empty",
+                    self.name()
+                )));
+            }
+            crate::check_name("slot name", name)?;
+            match self.slot_id(name) {
+                Ok(id) => {
+                    let existing = self.slot_initial(id)?;
+                    if existing != initial {
+                        return Err(crate::Error::Mismatch {
+                            name: format!("{}/{name}", self.name()),
+                            existing: format!("slot with initial value {existing}"),
+                            requested: format!("initial value {initial}"),
+                        });
+                    }
+                }
+                Err(crate::Error::UnknownSlot { .. }) if initial.is_finite() => {}
+                Err(crate::Error::UnknownSlot { .. }) => {
+                    return Err(crate::Error::NonFinite {
+                        what: "slot initial value",
+                        index: i,
+                        value: initial,
+                    })
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
     /// The slot column called `name`
     /// ([`Error::UnknownSlot`](crate::Error::UnknownSlot) if none).
     fn slot_id(&self, name: &str) -> Result<SlotId>;
@@ -142,6 +217,12 @@ impl<K: Key> EmbeddingStore for Variable<K> {
     }
     fn create_slot(&self, name: &str, initial: f32) -> Result<SlotId> {
         Variable::create_slot(self, name, initial)
+    }
+    fn create_slots(&self, slots: &[(&str, f32)]) -> Result<Vec<SlotId>> {
+        Variable::create_slots(self, slots)
+    }
+    fn check_create_slots(&self, slots: &[(&str, f32)]) -> Result<()> {
+        Variable::check_create_slots(self, slots)
     }
     fn slot_id(&self, name: &str) -> Result<SlotId> {
         Variable::slot_id(self, name)

@@ -35,7 +35,11 @@
 //! and every slot, [`Variable::update_rows`] updates them together
 //! atomically, removing a key removes its slots, and checkpoints save them.
 //! Slots are added while the variable lives ([`Variable::create_slot`]),
-//! existing rows included, each starting at the slot's initial value.
+//! existing rows included, each starting at the slot's initial value;
+//! [`Variable::create_slots`] adds several all or nothing (an optimizer's
+//! `m` and `v` never arrive one without the other), checked first under
+//! the lock that serializes slot creation. Names (the variable's and its
+//! slots') are at most [`MAX_NAME_BYTES`](crate::MAX_NAME_BYTES) bytes.
 //!
 //! With a [`RestrictPolicy`], every row keeps a score (see
 //! [`restrict`](crate::restrict)) and [`Variable::restrict`] removes the
@@ -218,8 +222,12 @@ impl<K: Key> VariableBuilder<K> {
         &self.name
     }
 
-    /// Checks the settings and creates the variable's tables.
+    /// Checks the settings (the name is at most
+    /// [`MAX_NAME_BYTES`](crate::MAX_NAME_BYTES) bytes long, `dim` and
+    /// `shards` in range, the initializer fits `dim`) and creates the
+    /// variable's tables.
     pub fn build(self) -> Result<Variable<K>> {
+        crate::check_name("variable name", &self.name)?;
         if self.dim == 0 {
             return Err(Error::InvalidArgument(format!(
                 "variable {:?}: dim must be at least 1, got 0",
@@ -689,40 +697,122 @@ impl<K: Key> Variable<K> {
     /// values per row) whose rows all start at `initial`, the rows already
     /// present included; or returns the existing slot of that name if it has
     /// an equal initial value (`0.0` equals `-0.0`; [`Error::Mismatch`]
-    /// otherwise). At most
-    /// [`MAX_SLOTS`](crate::MAX_SLOTS) slots per variable.
+    /// otherwise). At most [`MAX_SLOTS`](crate::MAX_SLOTS) slots per
+    /// variable; a name is not empty and at most
+    /// [`MAX_NAME_BYTES`](crate::MAX_NAME_BYTES) bytes long. An error
+    /// creates nothing. [`Variable::create_slots`] creates several at once.
     pub fn create_slot(&self, name: &str, initial: f32) -> Result<SlotId> {
-        if name.is_empty() {
-            return Err(Error::InvalidArgument(format!(
-                "variable {:?}: a slot name must not be empty",
-                self.name()
-            )));
-        }
-        let mut slots = self
+        let mut ids = self.create_slots(&[(name, initial)])?;
+        Ok(ids.pop().expect("one slot asked for, one returned"))
+    }
+
+    /// Creates the slot columns `slots` (name, initial value), as
+    /// [`Variable::create_slot`] creates each, all or nothing: every name,
+    /// initial value and the room for the new columns are checked first,
+    /// under the lock that serializes slot creation, so either every slot
+    /// exists afterwards (their ids returned in the order asked) or the call
+    /// is an error and no slot was added. A name given twice must have one
+    /// initial value.
+    pub fn create_slots(&self, slots: &[(&str, f32)]) -> Result<Vec<SlotId>> {
+        let mut names = self
             .inner
             .slots
             .write()
             .unwrap_or_else(PoisonError::into_inner);
-        if let Some(index) = slots.iter().position(|s| s == name) {
-            let existing = self.inner.shards[0].slot_initial(index).unwrap_or_default();
-            if existing != initial {
-                return Err(Error::Mismatch {
-                    name: format!("{}/{name}", self.name()),
-                    existing: format!("slot with initial value {existing}"),
-                    requested: format!("initial value {initial}"),
+        let planned = self.plan_slots(&names, slots)?;
+        let mut ids = Vec::with_capacity(slots.len());
+        for (&(name, initial), plan) in slots.iter().zip(planned) {
+            let index = match plan {
+                Some(index) => index,
+                // Created earlier in this call (a name given twice).
+                None if names.iter().any(|n| n == name) => {
+                    names.iter().position(|n| n == name).expect("just found")
+                }
+                None => {
+                    let mut index = None;
+                    for table in &self.inner.shards {
+                        // Cannot fail: the initial value and the room were
+                        // checked under this lock.
+                        let added = table.add_slot(initial)?;
+                        debug_assert!(index.is_none_or(|i| i == added), "shards add slots in step");
+                        index = Some(added);
+                    }
+                    names.push(name.to_string());
+                    index.expect("a variable has at least one shard")
+                }
+            };
+            ids.push(self.slot_at(index));
+        }
+        Ok(ids)
+    }
+
+    /// Checks, changing nothing, that [`Variable::create_slots`] would
+    /// succeed now with `slots`: the names, the initial values of the
+    /// existing ones, and the room for the new ones. (Another thread may
+    /// create slots between this check and the creation.)
+    pub fn check_create_slots(&self, slots: &[(&str, f32)]) -> Result<()> {
+        let names = self
+            .inner
+            .slots
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.plan_slots(&names, slots).map(|_| ())
+    }
+
+    /// Checks a request for `slots` against the existing slot names
+    /// `existing`: each one's index if it exists, `None` if it is to be
+    /// created; an error if any name is bad, an existing slot's (or an
+    /// earlier entry's) initial value differs, a new initial value is not
+    /// finite, or the new slots do not fit in [`MAX_SLOTS`](crate::MAX_SLOTS).
+    fn plan_slots(&self, existing: &[String], slots: &[(&str, f32)]) -> Result<Vec<Option<usize>>> {
+        let mut planned = Vec::with_capacity(slots.len());
+        let mut new: Vec<(&str, f32)> = Vec::new();
+        for (i, &(name, initial)) in slots.iter().enumerate() {
+            if name.is_empty() {
+                return Err(Error::InvalidArgument(format!(
+                    "variable {:?}: a slot name must not be empty",
+                    self.name()
+                )));
+            }
+            crate::check_name("slot name", name)?;
+            let mismatch = |existing: f32| Error::Mismatch {
+                name: format!("{}/{name}", self.name()),
+                existing: format!("slot with initial value {existing}"),
+                requested: format!("initial value {initial}"),
+            };
+            if let Some(index) = existing.iter().position(|s| s == name) {
+                let was = self.inner.shards[0].slot_initial(index).unwrap_or_default();
+                if was != initial {
+                    return Err(mismatch(was));
+                }
+                planned.push(Some(index));
+                continue;
+            }
+            if !initial.is_finite() {
+                return Err(Error::NonFinite {
+                    what: "slot initial value",
+                    index: i,
+                    value: initial,
                 });
             }
-            return Ok(self.slot_at(index));
+            match new.iter().find(|(n, _)| *n == name) {
+                Some(&(_, earlier)) if earlier != initial => return Err(mismatch(earlier)),
+                Some(_) => {}
+                None => new.push((name, initial)),
+            }
+            planned.push(None);
         }
-        let mut index = None;
-        for table in &self.inner.shards {
-            let added = table.add_slot(initial)?;
-            debug_assert!(index.is_none_or(|i| i == added), "shards add slots in step");
-            index = Some(added);
+        if existing.len() + new.len() > crate::MAX_SLOTS {
+            let names: Vec<&str> = new.iter().map(|(n, _)| *n).collect();
+            return Err(Error::InvalidArgument(format!(
+                "variable {:?} has {} slot column(s); adding {names:?} would make {}, more than the {} a variable may have",
+                self.name(),
+                existing.len(),
+                existing.len() + new.len(),
+                crate::MAX_SLOTS
+            )));
         }
-        let index = index.expect("a variable has at least one shard");
-        slots.push(name.to_string());
-        Ok(self.slot_at(index))
+        Ok(planned)
     }
 
     fn slot_at(&self, index: usize) -> SlotId {

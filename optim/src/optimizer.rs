@@ -6,17 +6,31 @@
 //! first step: Keras' `iterations + 1`) and the learning rate (the schedule
 //! evaluated at `t - 1`, Keras' `iterations`), and precomputes the rule's
 //! per-step constants. [`Step::apply`] then, for one store:
-//! 1. checks the input before anything changes: `grads.len() == keys.len()
-//!    * dim` ([`Error::LengthMismatch`]) and every gradient finite
-//!    ([`Error::NonFinite`] naming the value's position in `grads`);
-//! 2. creates the rule's slots in the store (an existing slot of the same
-//!    name with another initial value is an [`Error::Mismatch`]);
+//! 1. checks the input before anything changes: the store is trainable,
+//!    `grads.len() == keys.len() * dim` ([`Error::LengthMismatch`]) and
+//!    every gradient finite ([`Error::NonFinite`] naming the value's
+//!    position in `grads`);
+//! 2. creates the rule's missing slots in the store, all or nothing
+//!    ([`EmbeddingStore::create_slots`]): an existing slot of the same name
+//!    with another initial value is an [`Error::Mismatch`], a store without
+//!    room for every missing slot ([`MAX_SLOTS`](dynemb::MAX_SLOTS)) an
+//!    [`Error::InvalidArgument`], and neither creates a slot;
 //! 3. sums the gradients of repeated keys ([`crate::dedup`]);
 //! 4. runs the rule's row kernel on each distinct key through
 //!    [`EmbeddingStore::update_rows`]: one index probe and one row lock per
 //!    key, the value, every slot and the restrict score updated together;
 //!    a missing key is inserted with the initializer's row (the row the
 //!    forward `lookup` returned) and its slots' initial values.
+//!
+//! [`SparseOptimizer::apply`] checks all of that (with [`check_step`]) and
+//! that the next step can begin ([`Sparse::check_next_step`]) before the
+//! step number is taken, so a refused call changes nothing: no row, no
+//! slot, no step count. A model stepping several stores checks each with
+//! [`check_step`] before [`Sparse::begin_step`]. What no check can see
+//! first may still stop a step part-way: a row whose update overflows
+//! (below), a remote store's node failing mid-write
+//! ([`Error::Backend`]), or another handle filling the store's slot list
+//! between the check and the creation.
 //!
 //! Rows a step does not touch keep their values and slots (TFRA's lazy
 //! behaviour). A row whose update would overflow to infinity (finite but
@@ -261,7 +275,8 @@ impl<R: Rule> Sparse<R> {
 
     /// Replaces the state with one from [`Sparse::state_json`]; checked
     /// whole first (an error changes nothing): another optimizer's state is
-    /// an [`Error::Mismatch`], invalid values an [`Error::InvalidArgument`].
+    /// an [`Error::WrongOptimizer`] naming both optimizers, invalid values
+    /// an [`Error::InvalidArgument`].
     pub fn restore_state_json(&self, json: &str) -> Result<()> {
         let unreadable = |e: serde_json::Error| {
             Error::InvalidArgument(format!("{} state is not readable: {e}", R::NAME))
@@ -272,10 +287,9 @@ impl<R: Rule> Sparse<R> {
             .and_then(|o| o.as_str())
             .unwrap_or("unknown");
         if optimizer != R::NAME {
-            return Err(Error::Mismatch {
-                name: R::NAME.to_string(),
-                existing: R::NAME.to_string(),
-                requested: format!("state of {optimizer}"),
+            return Err(Error::WrongOptimizer {
+                holds: optimizer.to_string(),
+                requested: R::NAME.to_string(),
             });
         }
         let saved: State<R> = serde_json::from_value(value).map_err(unreadable)?;
@@ -343,12 +357,15 @@ impl<R: Rule> Sparse<R> {
 }
 
 impl<R: Rule> SparseOptimizer for Sparse<R> {
-    /// One step on one store. The input and the store's slots are checked
-    /// before the step number is taken, so a refused batch changes nothing,
-    /// the step count included.
+    /// One step on one store. The input, the store's slots (their initial
+    /// values, the room for missing ones) and the next step's learning rate
+    /// are checked before anything changes, so a refused batch changes
+    /// nothing, the step count and the slot list included.
     fn apply<S: EmbeddingStore>(&self, store: &S, keys: &[S::Key], grads: &[f32]) -> Result<()> {
-        check_batch(store, keys, grads)?;
-        let slots = prepare_slots(&self.params(), store)?;
+        let params = self.params();
+        check_step(&params, store, keys, grads)?;
+        self.check_next_step()?;
+        let slots = prepare_slots(&params, store)?;
         self.begin_step()?.update(store, keys, grads, &slots)
     }
 }
@@ -404,10 +421,12 @@ fn check_trainable<S: EmbeddingStore>(store: &S) -> Result<()> {
 
 /// Checks, changing nothing, everything a step with the rule's `params`
 /// checks before it changes `store`: the store is trainable, `grads` holds
-/// `keys.len() * dim` finite values, and every slot of the rule the store
+/// `keys.len() * dim` finite values, every slot of the rule the store
 /// already holds has the rule's initial value ([`Error::Mismatch`]
-/// otherwise). A model stepping several stores at once checks them all
-/// with this before it begins the step.
+/// otherwise), and the store has room for the slots it lacks
+/// ([`EmbeddingStore::check_create_slots`]: at most
+/// [`MAX_SLOTS`](dynemb::MAX_SLOTS) columns). A model stepping several
+/// stores at once checks them all with this before it begins the step.
 pub fn check_step<R: Rule, S: EmbeddingStore>(
     params: &R,
     store: &S,
@@ -415,7 +434,19 @@ pub fn check_step<R: Rule, S: EmbeddingStore>(
     grads: &[f32],
 ) -> Result<()> {
     check_batch(store, keys, grads)?;
-    existing_slots(params, store).map(|_| ())
+    check_slots(params, store)
+}
+
+/// Checks, changing nothing, that the rule's slots can be had in `store`:
+/// the existing ones have the rule's initial values, and the missing ones
+/// fit (asked of the store only when one is missing, so a trained store
+/// costs no query).
+fn check_slots<R: Rule, S: EmbeddingStore>(params: &R, store: &S) -> Result<()> {
+    let slots = params.slots();
+    if existing_slots(params, store)?.len() < slots.len() {
+        store.check_create_slots(&slots)?;
+    }
+    Ok(())
 }
 
 /// The ids of the rule's slots that `store` holds already, each checked
@@ -440,18 +471,16 @@ fn existing_slots<R: Rule, S: EmbeddingStore>(params: &R, store: &S) -> Result<V
 
 /// The rule's slots in `store`: every existing one's initial value is
 /// checked first ([`Error::Mismatch`], nothing created), then the missing
-/// ones are created (only then is the store's slot list locked for
-/// writing: a trained store's slots all exist).
+/// ones are created all or nothing ([`EmbeddingStore::create_slots`]: a
+/// store without room for them all gets none). Only then is the store's
+/// slot list locked for writing: a trained store's slots all exist.
 fn prepare_slots<R: Rule, S: EmbeddingStore>(params: &R, store: &S) -> Result<Vec<SlotId>> {
     let slots = params.slots();
     let existing_ids = existing_slots(params, store)?;
     if existing_ids.len() == slots.len() {
         return Ok(existing_ids);
     }
-    slots
-        .into_iter()
-        .map(|(name, initial)| store.create_slot(name, initial))
-        .collect()
+    store.create_slots(&slots)
 }
 
 impl<R: Rule> Step<R> {

@@ -329,7 +329,15 @@ fn saving_and_resuming_is_bit_identical_to_training_straight_through() {
     // Another optimizer's state is refused and changes nothing.
     let sgd = SparseSgd::new(ParamsSgd::default()).unwrap();
     let err = sgd.restore_state(dir.path().join("adam.json")).unwrap_err();
-    assert!(matches!(err, Error::Mismatch { .. }), "{err}");
+    assert_eq!(
+        err.to_string(),
+        "the optimizer state holds SparseAdam's state; SparseSgd was asked to restore it"
+    );
+    assert!(
+        matches!(&err, Error::WrongOptimizer { holds, requested }
+            if holds == "SparseAdam" && requested == "SparseSgd"),
+        "{err}"
+    );
     assert_eq!(sgd.steps(), 0);
     assert!(opt2.restore_state_json("{ not json").is_err());
     let bad = opt2.state_json().replace("\"lr\": 0.05", "\"lr\": -1.0");

@@ -12,7 +12,7 @@
 
 use super::manifest::{corrupt, FileEntry};
 use crate::raw::kernels::first_non_finite;
-use crate::Result;
+use crate::{Error, Result};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use std::borrow::Cow;
@@ -163,36 +163,42 @@ pub(crate) struct FileRows {
 }
 
 /// The bytes of a data file holding `rows` (`slot_names[i]` names
-/// `rows.slots[i]`).
+/// `rows.slots[i]`); an [`Error::InvalidArgument`] naming `path`, never a
+/// panic, if safetensors cannot write them (a header over its limit).
 pub(crate) fn encode(
+    path: &Path,
     codec: KeyCodec,
     rows: &FileRows,
     slot_names: &[String],
     dim: usize,
-) -> Vec<u8> {
+) -> Result<Vec<u8>> {
+    let unwritable = |e: safetensors::SafeTensorError| {
+        Error::InvalidArgument(format!(
+            "checkpoint file {} cannot be written: {e}",
+            path.display()
+        ))
+    };
     let n = rows.keys.len();
     let key_bytes = codec.encode(&rows.keys);
     let value_bytes = le_bytes(&rows.values);
     let slot_bytes: Vec<Cow<'_, [u8]>> = rows.slots.iter().map(|s| le_bytes(s)).collect();
     let score_bytes = rows.scores.as_deref().map(le_bytes_u64);
-    let view = |dtype, shape, bytes| {
-        TensorView::new(dtype, shape, bytes).expect("tensor bytes match their shape")
-    };
+    let view = |dtype, shape, bytes| TensorView::new(dtype, shape, bytes).map_err(unwritable);
     let mut tensors = vec![
-        ("keys".to_string(), view(codec.dtype, vec![n], &key_bytes)),
+        ("keys".to_string(), view(codec.dtype, vec![n], &key_bytes)?),
         (
             "values".to_string(),
-            view(Dtype::F32, vec![n, dim], &value_bytes),
+            view(Dtype::F32, vec![n, dim], &value_bytes)?,
         ),
     ];
     for (name, bytes) in slot_names.iter().zip(&slot_bytes) {
-        tensors.push((slot_tensor(name), view(Dtype::F32, vec![n, dim], bytes)));
+        tensors.push((slot_tensor(name), view(Dtype::F32, vec![n, dim], bytes)?));
     }
     if let Some(bytes) = &score_bytes {
-        tensors.push(("scores".to_string(), view(Dtype::U64, vec![n], bytes)));
+        tensors.push(("scores".to_string(), view(Dtype::U64, vec![n], bytes)?));
     }
     let metadata = HashMap::from([("writer".to_string(), "dynemb".to_string())]);
-    safetensors::serialize(tensors, Some(metadata)).expect("tensor shapes are consistent")
+    safetensors::serialize(tensors, Some(metadata)).map_err(unwritable)
 }
 
 /// Reads a data file and checks it against its manifest entry (size,
@@ -301,6 +307,22 @@ pub(crate) fn read_verified(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_header_over_the_safetensors_limit_is_an_error() {
+        let rows = FileRows {
+            keys: vec![1],
+            values: vec![0.0; 2],
+            slots: vec![vec![0.0; 2]],
+            scores: None,
+        };
+        let path = Path::new("shard-00000-00000.safetensors");
+        let codec = KeyCodec::for_type("i64");
+        let huge = ["z".repeat(100_000_001)];
+        let err = encode(path, codec, &rows, &huge, 2).unwrap_err();
+        assert!(err.to_string().contains("shard-00000-00000"), "{err}");
+        assert!(encode(path, codec, &rows, &["m".to_string()], 2).is_ok());
+    }
 
     #[test]
     fn key_codecs_round_trip_every_width_and_sign() {

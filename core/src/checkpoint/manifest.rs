@@ -120,6 +120,9 @@ impl Manifest {
             ));
         }
         for (i, slot) in manifest.slots.iter().enumerate() {
+            if let Err(e) = crate::check_name("slot name", &slot.name) {
+                return Err(corrupt(path, e.to_string()));
+            }
             if slot.name.is_empty() || manifest.slots[..i].iter().any(|s| s.name == slot.name) {
                 return Err(corrupt(
                     path,

@@ -214,8 +214,8 @@ impl<'a> FilesWriter<'a> {
     /// Writes `rows` (of shard `shard`) as the next data file.
     fn write(&mut self, shard: usize, rows: &FileRows) -> Result<()> {
         let file = format!("shard-{shard:05}-{:05}.safetensors", self.entries.len());
-        let bytes = files::encode(self.codec, rows, &self.slot_names, self.dim);
         let path = self.staging.join(&file);
+        let bytes = files::encode(&path, self.codec, rows, &self.slot_names, self.dim)?;
         self.written.push_back((write_file(&path, &bytes)?, path));
         if self.written.len() > UNSYNCED_FILES {
             let (file, path) = self.written.pop_front().expect("more than zero");

@@ -50,9 +50,14 @@ pub struct Rows<K> {
     pub scores: Option<Vec<u64>>,
 }
 
-/// Checks `info` (a dim of at least 1, distinct non-empty slot names,
-/// finite initial values).
+/// Checks `info` (names within [`MAX_NAME_BYTES`](crate::MAX_NAME_BYTES),
+/// a dim of at least 1, distinct non-empty slot names, finite initial
+/// values).
 fn check_info(info: &TableInfo) -> Result<()> {
+    crate::check_name("variable name", &info.name)?;
+    for (name, _) in &info.slots {
+        crate::check_name("slot name", name)?;
+    }
     if info.dim == 0 || info.dim > crate::MAX_DIM {
         return Err(Error::InvalidArgument(format!(
             "checkpoint of {:?}: dim must be in 1..={}, got {}",

@@ -3,9 +3,17 @@
 //! or candle.
 //!
 //! Every function checks its input before it changes anything: a failed call
-//! leaves the tables and the layers' recorded batches as they were (one
+//! leaves the tables (rows, slots, scores), the optimizer's step count, the
+//! dense variables and the layers' recorded batches as they were (one
 //! exception: a failed `SparseStep::backward_step` drops the batches whose
-//! gradients it computed, since they live only in that call).
+//! gradients it computed, since they live only in that call). A loss that
+//! is not finite is one of those checks ([`Error::NonFiniteLoss`]).
+//!
+//! What no check can see first may still make a step fail part-way, once
+//! it has begun: a row whose update overflows (kept as it was, the other
+//! rows updated), a remote store's node dying mid-write (which of its rows
+//! were written is unknown: `dynemb::Error::Backend`), another process
+//! taking a store's last slot columns between the check and the creation.
 //! `candle_core::Error` converts from [`Error`] (and back), so `?` works in
 //! code that returns either.
 

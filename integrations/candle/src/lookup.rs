@@ -13,7 +13,11 @@
 //!   TF's `clip_by_norm` applied twice, as TFRA's TRAIN mode does
 //!   ([`crate::clip`]). TFRA's INFERENCE mode ignores `max_norm`: pass
 //!   `None` for that. TFRA caches `max_norm` per lookup `name`; here every
-//!   call uses its own;
+//!   call uses its own. A finite row never becomes infinite or NaN: a row
+//!   TensorFlow's clip would turn into infinities or NaNs (some `x *
+//!   max_norm` overflows) is clipped in `f64` instead (the exact clip, to
+//!   one rounding), and a `max_norm` that is not finite and above 0 (for
+//!   which TFRA gives NaN or zero rows) is an [`Error::InvalidInput`];
 //! - the sparse functions take `max_norm` in their `*_with_max_norm` forms
 //!   (last argument, as in TFRA's argument order); the short forms are those
 //!   with `max_norm = None`;
@@ -79,7 +83,7 @@ use std::borrow::Cow;
 use candle_core::{Device, Tensor};
 use dynemb::EmbeddingStore;
 
-use crate::clip::clip_rows;
+use crate::clip::{check_clip_bound, clip_rows};
 use crate::pool::Pooling;
 use crate::rows::{reserved, zeroed};
 use crate::sparse_ids::{RowGroups, RowRanges};
@@ -109,6 +113,7 @@ where
     S: EmbeddingStore,
     S::Key: IdKey,
 {
+    max_norm.map_or(Ok(()), check_clip_bound)?;
     let ids = ids.into();
     let dim = dim_of(store)?;
     let unique = Dedup::with_thread_local(|dedup| dedup.unique(ids.keys()))?;
@@ -168,6 +173,7 @@ where
     S: EmbeddingStore,
     S::Key: IdKey,
 {
+    max_norm.map_or(Ok(()), check_clip_bound)?;
     let dim = dim_of(store)?;
     check_weights(weights, sp_ids.len())?;
     let segments = sp_ids.leading_indices();
@@ -231,6 +237,7 @@ where
     S: EmbeddingStore,
     S::Key: IdKey,
 {
+    max_norm.map_or(Ok(()), check_clip_bound)?;
     let dim = dim_of(store)?;
     check_weights(weights, sp_ids.len())?;
     let mut out = zeroed(sp_ids.num_rows(), dim)?;

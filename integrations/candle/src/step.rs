@@ -7,27 +7,43 @@
 //! [`SparseGrads`], which groups them by store. [`SparseStep::step`] then:
 //! 1. gathers every module's gradients: a recorded batch without a
 //!    gradient in the `GradStore` is an error, and nothing has changed;
-//! 2. checks every store before any changes: trainable, gradients finite,
-//!    the optimizer's slots compatible with the ones the store holds (the
-//!    checks [`Step::apply`] makes, made for all stores first);
+//! 2. checks every store before any changes ([`check_step`], the checks
+//!    [`Step::apply`] makes, made for all stores first): trainable,
+//!    gradients finite, the optimizer's slots compatible with the ones the
+//!    store holds, and room in the store for the slots it lacks (slots are
+//!    then created all or nothing, [`EmbeddingStore::create_slots`]);
 //! 3. begins **one** optimizer step ([`Sparse::begin_step`]: the step count
-//!    advances once, whatever the number of stores and their key types)
-//!    and applies it to each store once, with the keys and gradients of
-//!    every batch that read it concatenated ([`Step::apply`] sums repeated
-//!    keys, so two layers sharing a store train it as one gradient would;
-//!    a large batch is split over candle's threads by
-//!    [`parallel::apply`], which sums them first);
+//!    advances once, whatever the number of stores and their key types;
+//!    a learning rate the schedule cannot give is an error here, before
+//!    any store changes) and applies it to each store once, with the keys
+//!    and gradients of every batch that read it concatenated
+//!    ([`Step::apply`] sums repeated keys, so two layers sharing a store
+//!    train it as one gradient would; a large batch is split over candle's
+//!    threads by [`parallel::apply`], which sums them first);
 //! 4. drops the modules' batches it gathered (a batch recorded meanwhile,
 //!    by another thread's forward, stays for the next step).
 //!
-//! An error in 1 or 2 leaves the stores, the step count and the recorded
-//! batches as they were ([`SparseStep::backward_step`], whose gradients
-//! live only in the call, drops the batches they belong to: no later step
-//! could train them). Once the step has begun, the batches are dropped
-//! whatever happens: a store failing its update (a row whose update
-//! overflows, a remote store's I/O error) does not stop the other stores'
-//! updates, and the first error is returned; applying the batches again
-//! would apply part of the step twice.
+//! An error in 1, 2 or the beginning of 3 leaves the stores (rows, slots,
+//! scores), the step count and the recorded batches as they were.
+//! [`SparseStep::backward_step`] checks one thing more, first: the loss
+//! itself must be finite ([`Error::NonFiniteLoss`]), since a NaN or an
+//! infinity that stays on the dense side of the graph leaves every
+//! embedding gradient finite; and it makes every check (the next step's
+//! learning rate included) before the dense optimizer steps. On any of
+//! its errors its gradients, which live only in the call, are gone, so it
+//! drops the batches they belong to (no later step could train them) and
+//! the next batch trains as usual.
+//!
+//! Once the step has begun, the batches are dropped whatever happens: a
+//! store failing its update does not stop the other stores' updates, and
+//! the first error is returned; applying the batches again would apply
+//! part of the step twice. The checks cannot see everything first, so a
+//! step may still fail part-way: a row whose update overflows (that row is
+//! kept, the others updated), a remote store's node dying mid-write (its
+//! rows may or may not have been written, see `dynemb::Error::Backend`),
+//! another process filling a store's slot columns between the check and
+//! the creation, or an error of the dense optimizer itself (candle-nn's:
+//! the sparse step is then not taken).
 //!
 //! Stores are the same table when they are of one type and have the same
 //! [`EmbeddingStore::store_id`]: layers over clones of one `Variable` (or
@@ -225,7 +241,8 @@ impl<R: Rule> SparseGrads<R> {
 
     /// Checks every store for a step with hyperparameters `params`, before
     /// anything changes: trainable, every gradient finite, the rule's slots
-    /// compatible with the store's.
+    /// compatible with the store's, room in the store for the ones it
+    /// lacks.
     pub fn check(&self, params: &R) -> Result<()> {
         self.stores.iter().try_for_each(|s| s.check(params))
     }
@@ -288,12 +305,14 @@ impl<R: Rule> SparseStep<R> {
     /// step over `modules`, from the same gradients. A loss with a NaN or
     /// infinite value is refused ([`Error::NonFiniteLoss`]) before
     /// anything changes, even when the bad value never reaches an
-    /// embedding's gradient. Everything the sparse
-    /// step checks (the gradients, the stores, the learning rate of the
-    /// next step) is checked before the dense step, so an error there
-    /// changes no table, no step count and no dense variable. An error of
-    /// the dense optimizer itself is candle-nn's: the sparse step is not
-    /// taken then.
+    /// embedding's gradient: a caller may skip the batch and go on.
+    /// Everything the sparse step checks (the gradients, the stores and
+    /// their room for slots, the learning rate of the next step) is checked
+    /// before the dense step, so an error there changes no table, no slot,
+    /// no step count and no dense variable. An error of the dense optimizer
+    /// itself is candle-nn's: the sparse step is not taken then. What no
+    /// check can see first (a remote store's node dying mid-write) may
+    /// still stop the step part-way (see the [module docs](self)).
     ///
     /// The gradients live only in this call, so on any error after the
     /// backward pass (a non-finite gradient from a bad batch, say) the

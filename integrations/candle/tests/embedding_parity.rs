@@ -399,7 +399,16 @@ fn bad_input_is_an_error_not_a_panic() -> TestResult {
     assert_eq!(emb.recorded_batches(), 0);
     assert_eq!(store.size(), VOCAB);
 
-    for max_norm in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+    // Not a normal positive number: a subnormal bound would make the
+    // gradient of a short row infinite.
+    for max_norm in [
+        0.0,
+        -1.0,
+        f32::NAN,
+        f32::INFINITY,
+        1e-45,
+        f32::MIN_POSITIVE / 2.0,
+    ] {
         let config = EmbeddingConfig {
             max_norm: Some(max_norm),
             ..Default::default()
@@ -466,5 +475,48 @@ fn forward_concat_is_forward_flattened_in_values_and_training() -> TestResult {
     assert!(emb.forward_concat(&scalar, false).is_err());
     let empty = Tensor::zeros((0, 5), DType::I64, &Device::Cpu)?;
     assert_eq!(emb.forward_concat(&empty, true)?.dims(), [0, 5 * DIM]);
+    Ok(())
+}
+
+#[test]
+fn extreme_max_norms_train_with_finite_rows_and_gradients() -> TestResult {
+    // TensorFlow's clip gives [inf, inf, 0] for f32::MAX on [3, 4, 0], NaN
+    // for 1e30 on rows of +-1e20, and infinities for squares that overflow.
+    let cases: [([f32; 3], f32); 4] = [
+        ([3.0, 4.0, 0.0], f32::MAX),
+        ([1e20, -1e20, 1e20], 1e30),
+        ([3e38, -3e38, 1.0], f32::MAX),
+        ([3e19, -4e19, 0.0], 2.0),
+    ];
+    for (row, c) in cases {
+        let var = Variable::<i64>::builder("extreme").dim(3).build()?;
+        var.upsert(&[1], &row)?;
+        let store = Arc::new(var);
+        let config = EmbeddingConfig {
+            max_norm: Some(c),
+            ..Default::default()
+        };
+        let emb = Embedding::new(Arc::clone(&store), config)?;
+        let out = emb.forward_train(&Tensor::new(&[1_i64, 1], &Device::Cpu)?)?;
+        let values = out.flatten_all()?.to_vec1::<f32>()?;
+        assert!(
+            values.iter().all(|x| x.is_finite()),
+            "{row:?} at {c}: {values:?}"
+        );
+        let w = Tensor::new(&[[0.5_f32, -1.0, 0.25], [1.0, 1.0, 1.0]], &Device::Cpu)?;
+        let loss = (out * w)?.sum_all()?;
+        let grads = loss.backward()?;
+        let rows = emb.recorded_vars().pop().ok_or("a batch")?;
+        let grad = grads.get(&rows).ok_or("a gradient")?;
+        let grad = grad.flatten_all()?.to_vec1::<f32>()?;
+        assert!(
+            grad.iter().all(|g| g.is_finite()),
+            "{row:?} at {c}: {grad:?}"
+        );
+        SparseStep::new(SparseSgd::new(ParamsSgd { lr: 1e-3 })?).step(&grads, &[&emb])?;
+        let mut after = [0.0_f32; 3];
+        store.lookup(&[1], &mut after)?;
+        assert!(after.iter().all(|x| x.is_finite()), "{after:?}");
+    }
     Ok(())
 }

@@ -1,7 +1,8 @@
 //! Bad input to the lookup family is a clear `Error::InvalidInput`, found
 //! before the store is read, and leaves the table as it was; input that
-//! TensorFlow accepts (NaN or infinite weights and max_norm, negative ids)
-//! is accepted.
+//! TensorFlow accepts (NaN or infinite weights, negative ids) is accepted,
+//! except a `max_norm` for which TensorFlow turns every row into NaN or
+//! zeros (not finite, or not above 0), which is refused.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -217,20 +218,77 @@ fn what_tensorflow_accepts_is_accepted() {
     let t =
         safe_embedding_lookup_sparse(&store, &sp, Some(&weights), Combiner::Mean, None).unwrap();
     assert_eq!(t.to_vec2::<f32>().unwrap()[0], [-3.0, 0.0, 4.0]);
-    // A NaN max_norm gives NaN rows, an infinite one x * inf / inf = NaN.
-    for max_norm in [f32::NAN, f32::INFINITY] {
-        let t = embedding_lookup(&store, &[1_i64, 7], Some(max_norm)).unwrap();
-        let values = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        assert!(values.iter().all(|x| x.is_nan()), "{values:?}");
-    }
-    let t = embedding_lookup_sparse_with_max_norm(&store, &sp, None, Combiner::Mean, Some(-1.0))
-        .unwrap();
-    let values = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    // max_norm -1 is 0: the first clip zeroes every row, the second clip
-    // (TRAIN mode) divides 0 by max(0, 0).
-    assert!(values.iter().all(|x| x.is_nan()), "{values:?}");
-    assert_eq!(store.lookups(), 5);
+    assert_eq!(store.lookups(), 2);
     store.assert_unchanged();
+}
+
+#[test]
+fn a_max_norm_that_would_turn_rows_into_nan_is_refused_before_the_store_is_read() {
+    let store = Counted::new();
+    let sp = SparseIds::from_offsets(&[1_i64, -2, 3, 1], &[0, 2, 4]).unwrap();
+    // TensorFlow: a NaN bound gives NaN rows, an infinite one x * inf / inf
+    // = NaN, one <= 0 zeroes every row and the second clip (TRAIN mode)
+    // divides 0 by max(0, 0).
+    for max_norm in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, -1.0] {
+        let words = "max_norm must be finite and above 0";
+        assert_invalid(embedding_lookup(&store, &[1_i64, 7], Some(max_norm)), words);
+        assert_invalid(
+            embedding_lookup_sparse_with_max_norm(
+                &store,
+                &sp,
+                None,
+                Combiner::Mean,
+                Some(max_norm),
+            ),
+            words,
+        );
+        assert_invalid(
+            dynemb_candle::safe_embedding_lookup_sparse_with_max_norm(
+                &store,
+                &sp,
+                None,
+                Combiner::Sqrtn,
+                Some(1),
+                Some(max_norm),
+            ),
+            words,
+        );
+    }
+    assert_eq!(store.lookups(), 0);
+    store.assert_unchanged();
+}
+
+#[test]
+fn extreme_max_norms_never_turn_finite_rows_into_inf_or_nan() {
+    let var = Variable::<i64>::builder("extreme").dim(4).build().unwrap();
+    var.upsert(
+        &[1, 2, 3],
+        &[
+            3.0, 4.0, 0.0, 0.0, // f32::MAX turned it into [inf, inf, 0, 0]
+            1e20, -1e20, 1e20, -1e20, // 1e30 turned it into NaN
+            3e38, -3e38, 1.0, 0.0, // its squares overflow
+        ],
+    )
+    .unwrap();
+    let sp = SparseIds::from_offsets(&[1_i64, 2, 3, 1], &[0, 2, 4]).unwrap();
+    for max_norm in [f32::MAX, 1e30, 2.0, 1e-45, f32::MIN_POSITIVE] {
+        let outputs = [
+            embedding_lookup(&var, &[1_i64, 2, 3], Some(max_norm)).unwrap(),
+            embedding_lookup_sparse_with_max_norm(&var, &sp, None, Combiner::Mean, Some(max_norm))
+                .unwrap(),
+        ];
+        for t in outputs {
+            let values = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            assert!(
+                values.iter().all(|x| x.is_finite()),
+                "{max_norm}: {values:?}"
+            );
+        }
+    }
+    let t = embedding_lookup(&var, &[1_i64, 2], Some(f32::MAX)).unwrap();
+    assert_eq!(t.to_vec2::<f32>().unwrap()[0], [3.0, 4.0, 0.0, 0.0]);
+    let t = embedding_lookup(&var, &[2_i64], Some(1e30)).unwrap();
+    assert_eq!(t.to_vec2::<f32>().unwrap()[0], [1e20, -1e20, 1e20, -1e20]);
 }
 
 #[test]

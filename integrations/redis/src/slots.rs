@@ -9,10 +9,46 @@
 use crate::cluster::Request;
 use crate::meta;
 use crate::reply;
-use crate::scripts;
-use crate::variable::{batch_len, check_len, script_cmd, RedisVariable};
+use crate::variable::{batch_len, check_len, RedisVariable};
 use dynemb::{Error, Key, Result, SlotId};
 use std::sync::PoisonError;
+
+/// `create_slots`: `KEYS[1]` is the metadata hash, `ARGV = [max slots,
+/// (name, initial bits, equal initial bits) per slot]`, names distinct.
+/// Checks every named slot that exists (its stored initial must be one of
+/// the two bit patterns) and the room, then adds the missing ones, all in
+/// one atomic script. Replies `{"ok", index per slot}`, `{"full", slots
+/// now}` or `{"mismatch", position in ARGV's slots, stored bits}`; the
+/// last two change nothing.
+const CREATE_SLOTS: &str = r#"
+local n = tonumber(redis.call('HGET', KEYS[1], 'slots') or '0')
+local index = {}
+for i = 0, n - 1 do
+  index[redis.call('HGET', KEYS[1], 'slot.' .. i)] = i
+end
+local new = {}
+for j = 2, #ARGV, 3 do
+  local i = index[ARGV[j]]
+  if i then
+    local stored = redis.call('HGET', KEYS[1], 'slot_initial.' .. i)
+    if stored ~= ARGV[j + 1] and stored ~= ARGV[j + 2] then
+      return {'mismatch', (j - 2) / 3, stored}
+    end
+  else
+    new[#new + 1] = j
+  end
+end
+if n + #new > tonumber(ARGV[1]) then return {'full', n} end
+for k, j in ipairs(new) do
+  local i = n + k - 1
+  redis.call('HSET', KEYS[1], 'slot.' .. i, ARGV[j], 'slot_initial.' .. i, ARGV[j + 1])
+  index[ARGV[j]] = i
+end
+if #new > 0 then redis.call('HSET', KEYS[1], 'slots', n + #new) end
+local out = {'ok'}
+for j = 2, #ARGV, 3 do out[#out + 1] = index[ARGV[j]] end
+return out
+"#;
 
 impl<K: Key> RedisVariable<K> {
     /// Reads the slot list from the metadata into the cache.
@@ -74,64 +110,214 @@ impl<K: Key> RedisVariable<K> {
     /// values per row) whose rows all start at `initial`, or returns the
     /// existing slot of that name if its initial value is equal (`0.0`
     /// equals `-0.0`; [`Error::Mismatch`] otherwise). At most
-    /// [`MAX_SLOTS`](dynemb::MAX_SLOTS) slots. Existing rows are not
-    /// rewritten: they read `initial` until written.
+    /// [`MAX_SLOTS`](dynemb::MAX_SLOTS) slots; a name is not empty and at
+    /// most [`MAX_NAME_BYTES`](dynemb::MAX_NAME_BYTES) bytes long. Existing
+    /// rows are not rewritten: they read `initial` until written.
     pub fn create_slot(&self, name: &str, initial: f32) -> Result<SlotId> {
-        if name.is_empty() {
-            return Err(Error::InvalidArgument(format!(
-                "variable {:?}: a slot name must not be empty",
-                self.name()
-            )));
+        let mut ids = self.create_slots(&[(name, initial)])?;
+        Ok(ids.pop().expect("one slot asked for, one returned"))
+    }
+
+    /// Creates the slot columns `slots` (name, initial value), as
+    /// [`RedisVariable::create_slot`] creates each, all or nothing: one
+    /// script on the metadata's node checks every existing slot's initial
+    /// value and the room for the new ones, then adds them all, so either
+    /// every slot exists afterwards (ids in the order asked) or none was
+    /// added, whatever other processes create meanwhile. The script is safe
+    /// to run twice (a resend finds the slots it added and returns them).
+    pub fn create_slots(&self, slots: &[(&str, f32)]) -> Result<Vec<SlotId>> {
+        let distinct = self.distinct_slots(slots)?;
+        let cached = self.cached_slots();
+        let find = |name: &str, slots: &[(String, f32)]| {
+            slots
+                .iter()
+                .position(|(n, _)| n == name)
+                .map(|i| (i, slots[i].1))
+        };
+        let mut indexes = Vec::with_capacity(distinct.len());
+        for &(name, initial) in &distinct {
+            match find(name, &cached) {
+                Some((index, existing)) => {
+                    indexes.push(self.same_initial(name, index, existing, initial)?.index())
+                }
+                None => break,
+            }
         }
-        if !initial.is_finite() {
-            return Err(Error::NonFinite {
-                what: "initial",
-                index: 0,
-                value: initial,
-            });
+        if indexes.len() < distinct.len() {
+            indexes = self.run_create_slots(&distinct)?;
         }
-        if let Some((index, existing)) = self
-            .cached_slots()
+        let ids = slots
             .iter()
-            .enumerate()
-            .find(|(_, (n, _))| n == name)
-            .map(|(i, (_, v))| (i, *v))
+            .map(|&(name, _)| {
+                let at = distinct.iter().position(|&(n, _)| n == name);
+                SlotId::new(
+                    self.inner.id,
+                    indexes[at.expect("every name is among the distinct")],
+                )
+            })
+            .collect();
+        Ok(ids)
+    }
+
+    /// Checks, changing nothing, that [`RedisVariable::create_slots`] would
+    /// succeed now with `slots`: the names, the initial values, and (if
+    /// any slot is missing) the room, against the metadata as it is now
+    /// (one round trip; none when every slot is known already). Another
+    /// process may create slots between this check and the creation.
+    pub fn check_create_slots(&self, slots: &[(&str, f32)]) -> Result<()> {
+        let distinct = self.distinct_slots(slots)?;
+        let mut known = self.cached_slots();
+        if distinct
+            .iter()
+            .any(|(name, _)| !known.iter().any(|(n, _)| n == name))
         {
-            return self.same_initial(name, index, existing, initial);
+            known = self.refresh_slots()?;
         }
+        let mut new = Vec::new();
+        for &(name, initial) in &distinct {
+            match known.iter().position(|(n, _)| n == name) {
+                Some(index) => {
+                    self.same_initial(name, index, known[index].1, initial)?;
+                }
+                None => new.push(name),
+            }
+        }
+        self.check_room(known.len(), &new)
+    }
+
+    /// `slots` checked (names, finite initial values) with each name once:
+    /// an [`Error::Mismatch`] if a name comes with two initial values.
+    fn distinct_slots<'a>(&self, slots: &[(&'a str, f32)]) -> Result<Vec<(&'a str, f32)>> {
+        let mut distinct: Vec<(&'a str, f32)> = Vec::with_capacity(slots.len());
+        for (i, &(name, initial)) in slots.iter().enumerate() {
+            if name.is_empty() {
+                return Err(Error::InvalidArgument(format!(
+                    "variable {:?}: a slot name must not be empty",
+                    self.name()
+                )));
+            }
+            dynemb::check_name("slot name", name)?;
+            if !initial.is_finite() {
+                return Err(Error::NonFinite {
+                    what: "initial",
+                    index: i,
+                    value: initial,
+                });
+            }
+            match distinct.iter().find(|(n, _)| *n == name) {
+                Some(&(_, earlier)) => {
+                    self.same_initial(name, 0, earlier, initial)?;
+                }
+                None => distinct.push((name, initial)),
+            }
+        }
+        Ok(distinct)
+    }
+
+    /// An error unless `new` slots fit beside `existing` ones.
+    fn check_room(&self, existing: usize, new: &[&str]) -> Result<()> {
+        if existing + new.len() <= dynemb::MAX_SLOTS {
+            Ok(())
+        } else {
+            Err(self.room_error(existing, new))
+        }
+    }
+
+    /// The error for `new` slots that do not fit beside `existing` ones.
+    fn room_error(&self, existing: usize, new: &[&str]) -> Error {
+        Error::InvalidArgument(format!(
+            "variable {:?} has {existing} slot column(s); adding {new:?} would make {}, more than the {} a variable may have",
+            self.name(),
+            existing + new.len(),
+            dynemb::MAX_SLOTS
+        ))
+    }
+
+    /// Runs [`CREATE_SLOTS`] for `distinct` (names given once, checked):
+    /// the index of each.
+    fn run_create_slots(&self, distinct: &[(&str, f32)]) -> Result<Vec<usize>> {
         let key = &self.inner.meta_key;
-        let mut cmd = script_cmd(&scripts::CREATE_SLOT, key);
-        cmd.arg(name)
-            .arg(initial.to_bits().to_string())
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(CREATE_SLOTS)
+            .arg(1)
+            .arg(&key[..])
             .arg(dynemb::MAX_SLOTS);
+        for &(name, initial) in distinct {
+            // `0.0` equals `-0.0`: either stored zero matches.
+            let alternative = if initial == 0.0 { -initial } else { initial };
+            cmd.arg(name)
+                .arg(initial.to_bits().to_string())
+                .arg(alternative.to_bits().to_string());
+        }
         let reply = self
             .inner
             .cluster
             .run(&[Request::new(key, &cmd)])?
             .pop()
             .expect("one reply");
-        let items = reply::array(self.store(), "create_slot", reply)?;
-        let [index, bits] = <[redis::Value; 2]>::try_from(items).map_err(|items| {
-            reply::unexpected(self.store(), "create_slot", &redis::Value::Array(items))
-        })?;
-        let index = reply::int(self.store(), "create_slot", index)?;
-        let Ok(index) = usize::try_from(index) else {
-            return Err(Error::InvalidArgument(format!(
-                "variable {:?} has {} slots already, the most it can have",
-                self.name(),
-                dynemb::MAX_SLOTS
-            )));
+        let unexpected = |items: Vec<redis::Value>| {
+            reply::unexpected(self.store(), "create_slots", &redis::Value::Array(items))
         };
-        let bits = reply::bytes(self.store(), "create_slot", bits)?;
-        let existing = std::str::from_utf8(&bits)
-            .ok()
-            .and_then(|b| b.parse::<u32>().ok())
-            .map(f32::from_bits)
-            .ok_or_else(|| {
-                reply::unexpected(self.store(), "create_slot", &redis::Value::BulkString(bits))
-            })?;
-        self.slots_through(index)?;
-        self.same_initial(name, index, existing, initial)
+        let items = reply::array(self.store(), "create_slots", reply)?;
+        let status = match items.first() {
+            Some(redis::Value::BulkString(status)) => status.clone(),
+            Some(redis::Value::SimpleString(status)) => status.clone().into_bytes(),
+            _ => return Err(unexpected(items)),
+        };
+        match &status[..] {
+            b"ok" if items.len() == distinct.len() + 1 => {
+                let mut indexes = Vec::with_capacity(distinct.len());
+                for item in items.into_iter().skip(1) {
+                    let index = reply::int(self.store(), "create_slots", item)?;
+                    let index = usize::try_from(index)
+                        .ok()
+                        .filter(|&i| i < dynemb::MAX_SLOTS)
+                        .ok_or_else(|| {
+                            reply::unexpected(
+                                self.store(),
+                                "create_slots",
+                                &redis::Value::Int(index),
+                            )
+                        })?;
+                    indexes.push(index);
+                }
+                if let Some(&last) = indexes.iter().max() {
+                    self.slots_through(last)?;
+                }
+                Ok(indexes)
+            }
+            b"full" if items.len() == 2 => {
+                let [_, count] = <[redis::Value; 2]>::try_from(items).map_err(unexpected)?;
+                let count = reply::int(self.store(), "create_slots", count)?;
+                let known = self.refresh_slots()?;
+                let new: Vec<&str> = distinct
+                    .iter()
+                    .map(|&(n, _)| n)
+                    .filter(|name| !known.iter().any(|(n, _)| n == name))
+                    .collect();
+                Err(self.room_error(usize::try_from(count).unwrap_or(usize::MAX), &new))
+            }
+            b"mismatch" if items.len() == 3 => {
+                let [_, at, bits] = <[redis::Value; 3]>::try_from(items).map_err(unexpected)?;
+                let at = reply::int(self.store(), "create_slots", at)?;
+                let bits = reply::bytes(self.store(), "create_slots", bits)?;
+                let existing = std::str::from_utf8(&bits)
+                    .ok()
+                    .and_then(|b| b.parse::<u32>().ok())
+                    .map(f32::from_bits);
+                match (
+                    usize::try_from(at).ok().and_then(|at| distinct.get(at)),
+                    existing,
+                ) {
+                    (Some(&(name, initial)), Some(existing)) => {
+                        self.same_initial(name, 0, existing, initial)?;
+                        Err(unexpected(vec![]))
+                    }
+                    _ => Err(unexpected(vec![])),
+                }
+            }
+            _ => Err(unexpected(items)),
+        }
     }
 
     /// The slot at `index` if its initial value `existing` equals the

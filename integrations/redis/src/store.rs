@@ -37,6 +37,12 @@ impl<K: Key> EmbeddingStore for RedisVariable<K> {
     fn create_slot(&self, name: &str, initial: f32) -> Result<SlotId> {
         RedisVariable::create_slot(self, name, initial)
     }
+    fn create_slots(&self, slots: &[(&str, f32)]) -> Result<Vec<SlotId>> {
+        RedisVariable::create_slots(self, slots)
+    }
+    fn check_create_slots(&self, slots: &[(&str, f32)]) -> Result<()> {
+        RedisVariable::check_create_slots(self, slots)
+    }
     fn slot_id(&self, name: &str) -> Result<SlotId> {
         RedisVariable::slot_id(self, name)
     }
