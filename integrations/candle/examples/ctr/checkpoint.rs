@@ -25,7 +25,8 @@
 //! repairs what a crash left: a staging directory is removed (it may be
 //! incomplete), a previous checkpoint with no `DIR` is renamed back to
 //! `DIR`, and one beside a `DIR` is removed (it is older). A failed write
-//! leaves the previous checkpoint in place.
+//! leaves the previous checkpoint in place. So the disk needs room for two
+//! checkpoints while one is written.
 //!
 //! **Who may use it.** One run at a time: a run holds a lock on
 //! `.NAME.ctr-lock` beside `DIR` for as long as it lives. A directory
