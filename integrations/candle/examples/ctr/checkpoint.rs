@@ -101,6 +101,18 @@ pub enum CheckpointError {
         /// What it holds.
         what: String,
     },
+    /// The directory holds a checkpoint without a run manifest (one a
+    /// run of an earlier version wrote, say), which cannot be resumed.
+    #[error(
+        "checkpoint {path} already holds {what}, which --resume cannot continue: \
+         --overwrite replaces it with this run's"
+    )]
+    TakenUnresumable {
+        /// The checkpoint path.
+        path: PathBuf,
+        /// What it holds.
+        what: String,
+    },
     /// `--resume` without a checkpoint to resume.
     #[error("--resume: {reason}")]
     NothingToResume {
@@ -532,7 +544,7 @@ impl CheckpointDir {
                 })
             }
             (Mode::New, Found::Other(what)) => {
-                return Err(CheckpointError::Taken {
+                return Err(CheckpointError::TakenUnresumable {
                     path: dir.dir.clone(),
                     what,
                 })
@@ -897,7 +909,13 @@ mod tests {
         let message = CheckpointDir::open(&path, Mode::New)
             .unwrap_err()
             .to_string();
-        assert!(message.contains("without run.json"), "{message}");
+        assert!(
+            message.contains("without run.json")
+                && message.ends_with(
+                    "which --resume cannot continue: --overwrite replaces it with this run's"
+                ),
+            "{message}"
+        );
         let message = CheckpointDir::open(&path, Mode::Resume)
             .unwrap_err()
             .to_string();
