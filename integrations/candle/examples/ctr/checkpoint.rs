@@ -25,12 +25,16 @@
 //! repairs what a crash left: a staging directory is removed (it may be
 //! incomplete), a previous checkpoint with no `DIR` is renamed back to
 //! `DIR`, and one beside a `DIR` is removed (it is older). A failed write
-//! leaves the previous checkpoint in place.
+//! leaves the previous checkpoint in place. So the disk needs room for two
+//! checkpoints while one is written.
 //!
 //! **Who may use it.** One run at a time: a run holds a lock on
 //! `.NAME.ctr-lock` beside `DIR` for as long as it lives. A directory
 //! holding anything but a checkpoint's entries is never used (a checkpoint
-//! replaces the whole directory). A directory holding a checkpoint counts
+//! replaces the whole directory), nor is a path inside a checkpoint (the
+//! outer checkpoint's next write would delete it; the path is refused
+//! before anything, the lock included, is created there), nor a symbolic
+//! link to a missing path. A directory holding a checkpoint counts
 //! as another run's: a new run refuses it, `--resume` continues it and
 //! `--overwrite` replaces it with this run's first checkpoint (the old one
 //! is kept until then). Opening checks, before any data is read, that the
@@ -92,6 +96,18 @@ pub enum CheckpointError {
          --overwrite replaces it with this run's"
     )]
     Taken {
+        /// The checkpoint path.
+        path: PathBuf,
+        /// What it holds.
+        what: String,
+    },
+    /// The directory holds a checkpoint without a run manifest (one a
+    /// run of an earlier version wrote, say), which cannot be resumed.
+    #[error(
+        "checkpoint {path} already holds {what}, which --resume cannot continue: \
+         --overwrite replaces it with this run's"
+    )]
+    TakenUnresumable {
         /// The checkpoint path.
         path: PathBuf,
         /// What it holds.
@@ -418,9 +434,23 @@ impl CheckpointDir {
         };
         let dir = match fs::symlink_metadata(path) {
             Ok(meta) if meta.is_dir() || meta.file_type().is_symlink() => {
-                let resolved = fs::canonicalize(path).map_err(io_error(path))?;
+                let resolved = match fs::canonicalize(path) {
+                    Ok(resolved) => resolved,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        let target = fs::read_link(path).unwrap_or_default();
+                        return Err(unusable(format!(
+                            "is a symbolic link to {}, which does not exist (a checkpoint \
+                             directory is created, a link is not followed into nothing)",
+                            target.display()
+                        )));
+                    }
+                    Err(e) => return Err(io_error(path)(e)),
+                };
                 if !resolved.is_dir() {
                     return Err(unusable("exists and is not a directory".into()));
+                }
+                if let Some(parent) = resolved.parent() {
+                    refuse_inside_checkpoint(parent).map_err(unusable)?;
                 }
                 resolved
             }
@@ -433,6 +463,20 @@ impl CheckpointDir {
                     Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
                     _ => PathBuf::from("."),
                 };
+                // Before anything is created: its nearest existing ancestor.
+                if let Some(existing) = parent
+                    .ancestors()
+                    .find(|a| a.as_os_str().is_empty() || fs::symlink_metadata(a).is_ok())
+                {
+                    let existing = if existing.as_os_str().is_empty() {
+                        Path::new(".")
+                    } else {
+                        existing
+                    };
+                    if let Ok(existing) = fs::canonicalize(existing) {
+                        refuse_inside_checkpoint(&existing).map_err(unusable)?;
+                    }
+                }
                 fs::create_dir_all(&parent).map_err(io_error(&parent))?;
                 fs::canonicalize(&parent)
                     .map_err(io_error(&parent))?
@@ -500,7 +544,7 @@ impl CheckpointDir {
                 })
             }
             (Mode::New, Found::Other(what)) => {
-                return Err(CheckpointError::Taken {
+                return Err(CheckpointError::TakenUnresumable {
                     path: dir.dir.clone(),
                     what,
                 })
@@ -655,6 +699,28 @@ impl CheckpointDir {
     }
 }
 
+/// Whether the directory `dir` holds a checkpoint (a run manifest, or a
+/// table with an optimizer state).
+fn holds_checkpoint(dir: &Path) -> bool {
+    dir.join(RUN_FILE).is_file()
+        || (dir.join(TABLE_DIR).is_dir() && dir.join(SPARSE_FILE).is_file())
+}
+
+/// An error (the reason) if the directory `dir` (absolute, resolved) or one
+/// of its ancestors holds a checkpoint: a checkpoint inside another would
+/// make that one unusable, and its next checkpoint would delete this one.
+/// Checked before the lock or anything else is created.
+fn refuse_inside_checkpoint(dir: &Path) -> std::result::Result<(), String> {
+    match dir.ancestors().find(|a| holds_checkpoint(a)) {
+        Some(outer) => Err(format!(
+            "is inside the checkpoint {}, which each of its run's checkpoints replaces \
+             whole: choose a directory outside it",
+            outer.display()
+        )),
+        None => Ok(()),
+    }
+}
+
 /// What a checkpoint directory holds.
 #[derive(Debug)]
 enum Found {
@@ -759,6 +825,23 @@ mod tests {
     }
 
     #[test]
+    fn a_dangling_symbolic_link_is_refused_naming_its_target() {
+        let root = tempfile::tempdir().unwrap();
+        let link = root.path().join("link");
+        std::os::unix::fs::symlink(root.path().join("nowhere"), &link).unwrap();
+        for mode in [Mode::New, Mode::Resume, Mode::Overwrite] {
+            let message = CheckpointDir::open(&link, mode).unwrap_err().to_string();
+            assert!(
+                message.starts_with(&format!(
+                    "checkpoint {}: is a symbolic link to ",
+                    link.display()
+                )) && message.contains("nowhere, which does not exist"),
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
     fn a_new_directory_is_created_and_probed() {
         let root = tempfile::tempdir().unwrap();
         let path = root.path().join("a/b/ckpt");
@@ -826,7 +909,13 @@ mod tests {
         let message = CheckpointDir::open(&path, Mode::New)
             .unwrap_err()
             .to_string();
-        assert!(message.contains("without run.json"), "{message}");
+        assert!(
+            message.contains("without run.json")
+                && message.ends_with(
+                    "which --resume cannot continue: --overwrite replaces it with this run's"
+                ),
+            "{message}"
+        );
         let message = CheckpointDir::open(&path, Mode::Resume)
             .unwrap_err()
             .to_string();
@@ -901,6 +990,42 @@ mod tests {
         assert_eq!(error.to_string(), "the table is gone");
         assert_eq!(steps_at(&path), 2);
         assert!(!root.path().join(".ckpt.ctr-staging").exists());
+    }
+
+    /// A path inside a checkpoint (existing or not, however deep) is
+    /// refused in every mode, and the checkpoint is left as it was: no
+    /// lock file, no directory, nothing that would stop it resuming.
+    #[test]
+    fn a_path_inside_a_checkpoint_is_refused_and_leaves_it_untouched() {
+        let root = tempfile::tempdir().unwrap();
+        let path = root.path().join("ckpt");
+        publish(&CheckpointDir::open(&path, Mode::New).unwrap().dir, 3);
+        let listing = |dir: &Path| {
+            let mut names: Vec<_> = fs::read_dir(dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            names.sort();
+            names
+        };
+        let before = listing(&path);
+        for inner in [
+            path.join("sub"),
+            path.join("a/b"),
+            path.join(TABLE_DIR),
+            path.join("x/../y"),
+        ] {
+            for mode in [Mode::New, Mode::Resume, Mode::Overwrite] {
+                let message = CheckpointDir::open(&inner, mode).unwrap_err().to_string();
+                assert!(
+                    message.contains(&format!("inside the checkpoint {}", path.display())),
+                    "{inner:?}: {message}"
+                );
+            }
+        }
+        assert_eq!(listing(&path), before);
+        let opened = CheckpointDir::open(&path, Mode::Resume).unwrap();
+        assert_eq!(opened.resume.unwrap().progress.steps, 3);
     }
 
     #[test]

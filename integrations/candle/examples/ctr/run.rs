@@ -14,8 +14,11 @@
 //! - evaluation after an epoch reports a metric it cannot compute as
 //!   undefined, and training goes on;
 //! - with `--checkpoint`, a checkpoint is written after every epoch and
-//!   every `--checkpoint-every` steps; one that fails is reported, the
-//!   previous one stays, and training goes on (the next one tries again);
+//!   every `--checkpoint-every` steps; one that fails is reported with the
+//!   progress of the last one written, which stays, and training goes on
+//!   (the next one tries again; a checkpoint needs room for two copies
+//!   while it is written, since the last one is kept until the new one is
+//!   complete);
 //! - a data error (a malformed Criteo line, say) stops the run after
 //!   writing a checkpoint of everything trained until then, whose progress
 //!   points at the failing batch: fix the data, then `--resume`;
@@ -25,8 +28,9 @@
 //!   and the message says where it is;
 //! - the final save goes to the same checkpoint format (a finished run
 //!   resumes with a larger `--epochs`), and the reload check reads it
-//!   back; without `--checkpoint` it goes to a temporary directory, and
-//!   nothing is kept.
+//!   back; if it fails, the error says which checkpoint is left to
+//!   `--resume` from; without `--checkpoint` it goes to a temporary
+//!   directory, and nothing is kept.
 //!
 //! A resumed run ([`crate::checkpoint`] says what must match) restores the
 //! table, the sparse optimizer (its step count too), the MLP's weights
@@ -310,16 +314,10 @@ impl Session<'_> {
                 return Err(format!("{error}{kept}").into());
             }
             Err(Stopped::Step(error)) => {
-                let kept = match (&saved, self.dir) {
-                    (Some(progress), Some(dir)) => format!(
-                        "; the last checkpoint is {} ({progress}): --resume continues from it",
-                        dir.path().display()
-                    ),
-                    _ => "; no checkpoint was written yet".to_string(),
-                };
                 return Err(format!(
                     "a training step failed, perhaps after applying part of it, so no \
-                     checkpoint of it is written: {error}{kept}"
+                     checkpoint of it is written: {error}; {}",
+                    last_checkpoint(saved.as_ref(), self.dir)
                 )
                 .into());
             }
@@ -338,7 +336,12 @@ impl Session<'_> {
         let checked_dir: PathBuf = match self.dir {
             Some(dir) => {
                 if saved.as_ref() != Some(&progress) {
-                    self.checkpoint(&trainer, dir)?;
+                    self.checkpoint(&trainer, dir).map_err(|e| {
+                        format!(
+                            "the final checkpoint ({progress}) failed: {e}; {}",
+                            last_checkpoint(saved.as_ref(), Some(dir))
+                        )
+                    })?;
                 }
                 dir.path().to_path_buf()
             }
@@ -547,12 +550,28 @@ impl Session<'_> {
             Err(e) => {
                 let _ = writeln!(
                     out,
-                    "warning: the checkpoint at step {} failed ({e}); the previous one stays \
-                     and training goes on",
-                    progress.steps
+                    "warning: the checkpoint at step {} failed ({e}); {}; training goes on",
+                    progress.steps,
+                    last_checkpoint(saved.as_ref(), Some(dir))
                 );
             }
         }
+    }
+}
+
+/// What a run that could not write a checkpoint still has: `saved`, the
+/// progress of the last checkpoint it wrote or resumed, in `dir`.
+fn last_checkpoint(saved: Option<&Progress>, dir: Option<&CheckpointDir>) -> String {
+    match (saved, dir) {
+        (Some(progress), Some(dir)) => format!(
+            "the last checkpoint is {} ({progress}): --resume continues from it",
+            dir.path().display()
+        ),
+        (None, Some(dir)) => format!(
+            "no checkpoint of this run was written to {} yet",
+            dir.path().display()
+        ),
+        (_, None) => "no checkpoint was written (no --checkpoint)".to_string(),
     }
 }
 
@@ -1065,6 +1084,90 @@ mod tests {
         assert_eq!(ok(&resumed).progress.steps, 10);
         let reference = go(&synthetic(&[]), &[], None);
         assert_eq!(resumed.read, reference.read[7..]);
+    }
+
+    /// Every checkpoint of a run failing (no room for one): each warning
+    /// and the final error say which checkpoint is left to resume from (a
+    /// resumed one's), or that none of this run's was written.
+    #[test]
+    fn failed_checkpoints_name_the_one_left_to_resume() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("ckpt");
+        let path = dir.display().to_string();
+        ok(&go(
+            &synthetic(&["--checkpoint", &path, "--steps", "3"]),
+            &[],
+            None,
+        ));
+        // A regular file where the staging directory goes: every write fails.
+        let blocker = root.path().join(".ckpt.ctr-staging");
+        let run = |config: &Config| {
+            let mut output = Vec::new();
+            let mut open = |config: &Config| -> source::Result<Box<dyn DataSource>> {
+                std::fs::write(&blocker, "in the way").unwrap();
+                crate::open_source(config)
+            };
+            let result = execute(config, &mut open, &mut output);
+            std::fs::remove_file(&blocker).unwrap();
+            (
+                result.map_err(|e| e.to_string()),
+                String::from_utf8(output).unwrap(),
+            )
+        };
+        let (result, output) = run(&synthetic(&[
+            "--checkpoint",
+            &path,
+            "--resume",
+            "--steps",
+            "6",
+            "--checkpoint-every",
+            "2",
+        ]));
+        let kept = format!(
+            "the last checkpoint is {path} (next epoch 1 at batch 3, 3 steps, 0 batches \
+             skipped): --resume continues from it"
+        );
+        let message = result.unwrap_err();
+        assert!(
+            message.starts_with("the final checkpoint (next epoch 1 at batch 6, 6 steps")
+                && message.ends_with(&kept),
+            "{message}"
+        );
+        let warning = output
+            .lines()
+            .find(|line| line.starts_with("warning: the checkpoint at step 4 failed"))
+            .unwrap_or_else(|| panic!("{output}"));
+        assert!(
+            warning.ends_with(&format!("; {kept}; training goes on")),
+            "{warning}"
+        );
+        assert_eq!(manifest(&dir).progress.steps, 3);
+
+        let fresh = root.path().join("fresh");
+        let blocker_fresh = root.path().join(".fresh.ctr-staging");
+        let mut output = Vec::new();
+        let mut open = |config: &Config| -> source::Result<Box<dyn DataSource>> {
+            std::fs::write(&blocker_fresh, "in the way").unwrap();
+            crate::open_source(config)
+        };
+        let fresh_path = fresh.display().to_string();
+        let message = execute(
+            &synthetic(&["--checkpoint", &fresh_path, "--steps", "2"]),
+            &mut open,
+            &mut output,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            message.ends_with(&format!(
+                "no checkpoint of this run was written to {} yet",
+                std::fs::canonicalize(root.path())
+                    .unwrap()
+                    .join("fresh")
+                    .display()
+            )),
+            "{message}"
+        );
     }
 
     /// Criteo data resumes at the next unseen line.
