@@ -57,10 +57,10 @@
 //! reachable node of a cluster is enough). The table is
 //! `<--redis-prefix>:ctr/embeddings` (prefix [`DEFAULT_REDIS_PREFIX`]):
 //! the name is the local table's, so a checkpoint moves between the two.
-//! A new run starts by clearing that table (rows left by an earlier run
-//! would change the result), a resumed one by restoring its checkpoint's
-//! table into it, and either destroys it at the end unless `--redis-keep`;
-//! two runs at once on one Redis need different prefixes. The flags are
+//! A new run refuses that table if it holds rows (another run's, perhaps
+//! still training; `--overwrite` clears them), a resumed one restores its
+//! checkpoint's table into it, and either destroys it at the end unless
+//! `--redis-keep`; two runs at once on one Redis need different prefixes. The flags are
 //! checked here (`host:port`, no `{`/`}` in the prefix); whether the
 //! servers answer is found out when the table opens.
 //!
@@ -160,14 +160,16 @@ training:
                          same data and model flags; --epochs and --steps count in
                          total; --threads, --checkpoint-every, --summary and the
                          --redis flags may change
-  --overwrite            start a new run even though --checkpoint DIR holds one; the
-                         old checkpoint is replaced by this run's first checkpoint
+  --overwrite            start a new run even though --checkpoint DIR holds one (the
+                         old checkpoint is replaced by this run's first checkpoint)
+                         or the Redis table holds rows (they are cleared)
 redis (the table in Redis instead of this process's memory):
   --redis HOST:PORT,..   a Redis server, or nodes of a Redis Cluster (one reachable
-                         node is enough); the table is PREFIX:ctr/embeddings, cleared
-                         at the start (--resume: replaced by the checkpoint's table)
-                         and destroyed at the end; the reload check restores the
-                         checkpoint into a local table
+                         node is enough); the table is PREFIX:ctr/embeddings: a new
+                         run refuses one that holds rows (--overwrite clears it),
+                         --resume replaces it with the checkpoint's table; destroyed
+                         at the end; the reload check restores the checkpoint into a
+                         local table
   --redis-prefix PREFIX  namespace of the table's Redis keys (default ctr; no { or });
                          concurrent runs on one Redis need different prefixes
   --redis-keep           keep the Redis table after the run
@@ -553,10 +555,14 @@ impl Given {
             }
             None => None,
         };
+        if self.overwrite && self.checkpoint.is_none() && redis.is_none() {
+            return Err(ConfigError::Conflict(
+                "--overwrite needs --checkpoint DIR or --redis (what it replaces)".into(),
+            ));
+        }
         if self.checkpoint.is_none() {
             for (flag, given) in [
                 ("--resume", self.resume),
-                ("--overwrite", self.overwrite),
                 ("--checkpoint-every", self.checkpoint_every.is_some()),
             ] {
                 if given {
@@ -895,6 +901,8 @@ mod tests {
         let c = config(&["--overwrite", "--checkpoint", "run"]);
         assert!(c.overwrite && !c.resume);
         assert!(c.to_string().contains("checkpoint run, overwriting"));
+        let c = config(&["--overwrite", "--redis", "127.0.0.1:7000"]);
+        assert!(c.overwrite && c.checkpoint.is_none());
         for alone in [
             &["--resume"][..],
             &["--overwrite"],

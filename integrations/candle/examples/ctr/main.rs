@@ -34,9 +34,9 @@
 //! cargo run --release -p dynemb-candle --example ctr -- --checkpoint run1 --resume --epochs 2
 //! ```
 //!
-//! With `--redis`, the table is a `RedisVariable` (see `table`): cleared
-//! at the start of a new run (a resumed one restores its checkpoint's
-//! table into it), destroyed at the end unless `--redis-keep` (also when
+//! With `--redis`, the table is a `RedisVariable` (see `table`): a new run
+//! refuses one that holds rows unless `--overwrite` (which clears them; a
+//! resumed run restores its checkpoint's table into it), destroyed at the end unless `--redis-keep` (also when
 //! the run fails), and the reload check restores the checkpoint into a
 //! local table, so it also checks that a model moves from Redis to local
 //! memory.

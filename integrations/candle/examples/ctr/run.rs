@@ -160,8 +160,22 @@ pub fn execute(config: &Config, open: &mut OpenData<'_>, out: &mut dyn Write) ->
             session.run(trainer, source.as_mut(), out)
         }
         Some(choice) => {
+            let fresh = resume_from.is_none();
             let (table, left) =
-                table::open_redis(choice, config.dim, config.seed, resume_from.is_none())?;
+                table::open_redis(choice, config.dim, config.seed, fresh && config.overwrite)?;
+            if fresh && left > 0 && !config.overwrite {
+                // Nothing cleared, nothing destroyed: the rows may be a
+                // live run's.
+                return Err(format!(
+                    "the Redis table {}:{} holds {left} rows, another run's (one still \
+                     training, or one that stopped without destroying it): --overwrite \
+                     clears it, --redis-prefix chooses another table, --resume with that \
+                     run's --checkpoint continues it",
+                    choice.prefix,
+                    crate::model::TABLE_NAME
+                )
+                .into());
+            }
             let handle = table.clone();
             let result = match resume_from {
                 Some(path) => Trainer::resume(model_config, table, path).and_then(|trainer| {
@@ -179,7 +193,7 @@ pub fn execute(config: &Config, open: &mut OpenData<'_>, out: &mut dyn Write) ->
                     if left > 0 {
                         writeln!(
                             out,
-                            "cleared {left} rows an earlier run left in the Redis table"
+                            "cleared the {left} rows the Redis table held (--overwrite)"
                         )?;
                     }
                     Trainer::with_table(model_config, table)
@@ -723,25 +737,7 @@ mod tests {
         let result = {
             let mut open = |config: &Config| -> source::Result<Box<dyn DataSource>> {
                 opened = true;
-                let inner: Box<dyn DataSource> = match &config.data {
-                    crate::config::DataChoice::Synthetic {
-                        fields,
-                        train_samples,
-                    } => Box::new(Synthetic::new(&SyntheticConfig {
-                        fields: *fields,
-                        train_samples: *train_samples,
-                        eval_samples: config.eval_samples,
-                        seed: config.seed,
-                    })?),
-                    crate::config::DataChoice::Criteo {
-                        path,
-                        train_samples,
-                    } => Box::new(crate::criteo::Criteo::open(
-                        path,
-                        *train_samples,
-                        config.eval_samples,
-                    )?),
-                };
+                let inner = crate::open_source(config)?;
                 Ok(Box::new(Recorded {
                     inner,
                     read: read.clone(),
@@ -1276,6 +1272,67 @@ mod tests {
         assert_eq!(ok(&more).progress.steps, 7);
         let reference = go(&synthetic(&[]), &[], None);
         assert_eq!(more.read, reference.read[4..7]);
+        table.destroy().unwrap();
+    }
+
+    /// A new run refuses a Redis table that holds rows (another run's,
+    /// perhaps still training) before it trains, and neither clears nor
+    /// destroys it; with `--overwrite` it clears them and trains.
+    #[test]
+    fn a_new_redis_run_refuses_a_table_that_holds_rows() {
+        let server = crate::redis_support::Server::start();
+        let addr = server.addr();
+        let choice = crate::config::RedisChoice {
+            nodes: vec![addr.clone()],
+            prefix: "ctr_taken".into(),
+            keep: true,
+        };
+        let (table, left) = table::open_redis(&choice, 4, 3, false).unwrap();
+        assert_eq!(left, 0);
+        // Ids the synthetic data never draws.
+        let theirs = [i64::MAX - 1, i64::MAX - 2];
+        table.upsert(&theirs, &[1.0; 8]).unwrap();
+        let redis = |extra: &[&str]| {
+            let mut args = vec![
+                "--redis",
+                &addr,
+                "--redis-prefix",
+                "ctr_taken",
+                "--steps",
+                "2",
+            ];
+            args.extend(extra);
+            synthetic(&args)
+        };
+
+        let refused = go(&redis(&[]), &[], None);
+        let Err(error) = &refused.result else {
+            panic!("a table that holds rows was not refused")
+        };
+        let message = error.to_string();
+        assert!(
+            message.contains("holds 2 rows") && message.contains("--overwrite"),
+            "{message}"
+        );
+        assert!(refused.read.is_empty(), "trained before refusing");
+        assert_eq!(
+            table.size().unwrap(),
+            2,
+            "the other run's rows were touched"
+        );
+
+        let overwritten = go(&redis(&["--overwrite", "--redis-keep"]), &[], None);
+        assert_eq!(ok(&overwritten).progress.steps, 2);
+        assert!(
+            overwritten.output.contains("cleared the 2 rows"),
+            "{}",
+            overwritten.output
+        );
+        let mut exists = [true; 2];
+        table
+            .lookup_with_exists(&theirs, &mut [0.0; 8], &mut exists)
+            .unwrap();
+        assert!(table.size().unwrap() > 0 && exists == [false, false]);
         table.destroy().unwrap();
     }
 

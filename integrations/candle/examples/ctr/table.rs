@@ -17,9 +17,10 @@
 //!
 //! Decision: the Redis table ([`open_redis`]) is named like the local one
 //! (`ctr/embeddings`), under `--redis-prefix`, with the same initializer
-//! and restrict policy. A new run clears it first, so rows left by an
-//! earlier run (`--redis-keep`, or a run that was killed) do not change the
-//! result; a resumed run leaves it to the trainer, which replaces its
+//! and restrict policy. A new run refuses a table that holds rows (rows
+//! of another run, live or stopped, would change the result, and clearing
+//! them could end a live run) unless `--overwrite` clears them first; a
+//! resumed run leaves it to the trainer, which replaces its
 //! contents with the checkpoint's table, so that table, MLP and optimizer
 //! step are those of one moment of the run (rows trained after the last
 //! checkpoint, by a run that then stopped, are replaced too). A table of the same name and prefix with other settings (another
