@@ -566,24 +566,46 @@ return redis.call('HGETALL', KEYS[1])
     )
 });
 
-/// `create_slot`: `KEYS[1]` is the metadata hash, `ARGV = [name, initial,
-/// max]`. Slots are the fields `slot.<index>` (the name) and
+/// `create_slots`: `KEYS[1]` is the metadata hash, `ARGV = [max slots,
+/// (name, initial bits, equal initial bits) per slot]`, names distinct.
+/// Slots are the fields `slot.<index>` (the name) and
 /// `slot_initial.<index>` (the initial value's `f32` bits, decimal), and
-/// `slots` counts them. Returns `[index, initial]` of the slot of that
-/// name, created if there is none (or `[-1, ""]` if there are `max`
-/// slots already).
-pub(crate) static CREATE_SLOT: LazyLock<Lua> = LazyLock::new(|| {
+/// `slots` counts them. Checks every named slot that exists (its stored
+/// initial must be one of the two bit patterns) and the room, then adds
+/// the missing ones, all in one atomic script. Replies `{"ok", index per
+/// slot}`, `{"full", slots now}` or `{"mismatch", position in ARGV's
+/// slots, stored bits}`; the last two change nothing. Running it twice
+/// finds the slots the first run added, so a resend returns their indexes.
+pub(crate) static CREATE_SLOTS: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r#"
 local n = tonumber(redis.call('HGET', KEYS[1], 'slots') or '0')
+local index = {}
 for i = 0, n - 1 do
-  if redis.call('HGET', KEYS[1], 'slot.' .. i) == ARGV[1] then
-    return {i, redis.call('HGET', KEYS[1], 'slot_initial.' .. i)}
+  index[redis.call('HGET', KEYS[1], 'slot.' .. i)] = i
+end
+local new = {}
+for j = 2, #ARGV, 3 do
+  local i = index[ARGV[j]]
+  if i then
+    local stored = redis.call('HGET', KEYS[1], 'slot_initial.' .. i)
+    if stored ~= ARGV[j + 1] and stored ~= ARGV[j + 2] then
+      return {'mismatch', (j - 2) / 3, stored}
+    end
+  else
+    new[#new + 1] = j
   end
 end
-if n >= tonumber(ARGV[3]) then return {-1, ''} end
-redis.call('HSET', KEYS[1], 'slot.' .. n, ARGV[1], 'slot_initial.' .. n, ARGV[2], 'slots', n + 1)
-return {n, ARGV[2]}
+if n + #new > tonumber(ARGV[1]) then return {'full', n} end
+for k, j in ipairs(new) do
+  local i = n + k - 1
+  redis.call('HSET', KEYS[1], 'slot.' .. i, ARGV[j], 'slot_initial.' .. i, ARGV[j + 1])
+  index[ARGV[j]] = i
+end
+if #new > 0 then redis.call('HSET', KEYS[1], 'slots', n + #new) end
+local out = {'ok'}
+for j = 2, #ARGV, 3 do out[#out + 1] = index[ARGV[j]] end
+return out
 "#
         .to_string(),
     )
@@ -608,6 +630,6 @@ pub(crate) static ALL_SCRIPTS: LazyLock<[&'static Lua; 11]> = LazyLock::new(|| {
         &*CLEAR,
         &*MARK_RESTORING,
         &*OPEN,
-        &*CREATE_SLOT,
+        &*CREATE_SLOTS,
     ]
 });
