@@ -40,7 +40,8 @@
 //!
 //! What any handle sees meanwhile: a read of a marked bucket (`lookup`,
 //! `lookup_or_insert`, `lookup_scores`, a slot lookup, `update_rows`,
-//! an export or save reaching it) is an [`Error::Backend`]
+//! an export or save reaching it, a `restrict` scanning or pruning it,
+//! which then removes nothing there) is an [`Error::Backend`]
 //! ([`BackendErrorKind::NotServing`]) naming the checkpoint, and the
 //! whole-table operations (`size`, `restrict`, `export_chunks`, `save`,
 //! `load`) refuse to start while the metadata's field is there. Since

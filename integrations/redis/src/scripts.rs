@@ -48,6 +48,12 @@
 use redis::Script;
 use std::sync::LazyLock;
 
+/// The error code of `SCORES` and `REMOVE_BELOW` (and their module
+/// twins) on a bucket a restore has marked, followed by the checkpoint's
+/// name: `restrict` stops there rather than judge a bucket being
+/// restored.
+pub(crate) const RESTORING_ERROR: &str = "DYNEMB_RESTORING";
+
 /// A Lua script: its code (loaded on every new connection) and its SHA-1
 /// (which `EVALSHA` names).
 pub(crate) struct Lua {
@@ -450,7 +456,8 @@ return conflicts
 
 /// `restrict`'s scan of a bucket (a read, not recorded): the scores of
 /// its rows, 8 little-endian bytes each, as one string. Fields that are
-/// not 8 bytes (a restore's marker) are not rows. The script copies the
+/// not 8 bytes are not rows; a restore's marker makes the call the error
+/// [`RESTORING_ERROR`] followed by the checkpoint. The script copies the
 /// bucket into Lua (`HGETALL`) but sends only the scores; its module twin
 /// reads the rows in place.
 pub(crate) static SCORES: LazyLock<Lua> = LazyLock::new(|| {
@@ -459,6 +466,7 @@ pub(crate) static SCORES: LazyLock<Lua> = LazyLock::new(|| {
 local all = redis.call('HGETALL', KEYS[1])
 local out = {}
 for i = 1, #all, 2 do
+  if all[i] == 'restoring' then error({err = 'DYNEMB_RESTORING ' .. all[i + 1]}) end
   if #all[i] == 8 then
     local row = all[i + 1]
     if #row < 16 then error('dynemb: a stored row of ' .. #row .. ' bytes has no header') end
@@ -477,8 +485,9 @@ return table.concat(out)
 /// every row scored below `threshold` and the first `quota` rows (in the
 /// order the bucket is read) scored exactly `threshold`. Fields that are
 /// not 8 bytes are not rows and stay. Returns `[below, ties removed, ties
-/// left]`. A row without a header fails the call before anything is
-/// removed.
+/// left]`. A row without a header, or a restore's marker (the error
+/// [`RESTORING_ERROR`], as in [`SCORES`]), fails the call before
+/// anything is removed.
 pub(crate) static REMOVE_BELOW: LazyLock<Lua> = LazyLock::new(|| {
     recorded(
         "",
@@ -487,6 +496,7 @@ local tlo, thi = struct.unpack('<I4I4', ARGV[2])
 local quota = tonumber(ARGV[3])
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
+  if all[i] == 'restoring' then error({err = 'DYNEMB_RESTORING ' .. all[i + 1]}) end
   if #all[i] == 8 and #all[i + 1] < 16 then
     error('dynemb: a stored row of ' .. #all[i + 1] .. ' bytes has no header')
   end
