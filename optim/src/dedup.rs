@@ -117,8 +117,9 @@ impl Dedup {
     }
 
     /// Deduplicates `keys`, summing their `dim`-value rows of `grads`
-    /// (whose length the caller has checked): keys in order of first
-    /// appearance, each key's rows summed in batch order.
+    /// (`keys.len() * dim` values, [`Error::LengthMismatch`] otherwise):
+    /// keys in order of first appearance, each key's rows summed in batch
+    /// order.
     pub fn run<'a, K: Key>(
         &'a mut self,
         keys: &'a [K],
@@ -131,6 +132,19 @@ impl Dedup {
                 EMPTY - 1,
                 keys.len()
             )));
+        }
+        let expected = keys.len().checked_mul(dim).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "a batch of {} rows of {dim} values is too large",
+                keys.len()
+            ))
+        })?;
+        if grads.len() != expected {
+            return Err(Error::LengthMismatch {
+                what: "grads",
+                expected,
+                actual: grads.len(),
+            });
         }
         let distinct = self.index(keys);
         if distinct.len() == keys.len() {
@@ -195,9 +209,9 @@ impl Dedup {
     }
 }
 
-/// Deduplicates `keys`, summing their `dim`-value rows of `grads` (whose
-/// length the caller has checked), into new vectors; [`Dedup::run`] does
-/// the same without copying.
+/// Deduplicates `keys`, summing their `dim`-value rows of `grads`
+/// (`keys.len() * dim` values), into new vectors; [`Dedup::run`] does the
+/// same without copying.
 pub fn dedup<K: Key>(keys: &[K], grads: &[f32], dim: usize) -> Result<Deduped<K>> {
     Dedup::with_thread_local(|scratch| Ok(scratch.run(keys, grads, dim)?.to_owned()))
 }
@@ -311,5 +325,29 @@ mod tests {
             d
         });
         assert_eq!(outer.grads, [3.0]);
+    }
+
+    #[test]
+    fn gradients_of_the_wrong_length_are_an_error_not_a_panic() {
+        let mut scratch = Dedup::new();
+        for (keys, grads) in [
+            (&[1_u64, 1][..], &[1.0, 2.0, 3.0][..]), // repeats, short
+            (&[1_u64, 2][..], &[1.0; 5][..]),        // no repeats, long
+        ] {
+            let err = scratch.run(keys, grads, 2).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    Error::LengthMismatch {
+                        what: "grads",
+                        expected: 4,
+                        ..
+                    }
+                ),
+                "{err:?}"
+            );
+            assert!(dedup(keys, grads, 2).is_err());
+        }
+        assert!(scratch.run(&[1_u64], &[], usize::MAX).is_err());
     }
 }

@@ -275,8 +275,9 @@ impl<R: Rule> Sparse<R> {
 
     /// Replaces the state with one from [`Sparse::state_json`]; checked
     /// whole first (an error changes nothing): another optimizer's state is
-    /// an [`Error::WrongOptimizer`] naming both optimizers, invalid values
-    /// an [`Error::InvalidArgument`].
+    /// an [`Error::WrongOptimizer`] naming both optimizers; JSON that is
+    /// not readable or names no optimizer (not an optimizer state), and
+    /// invalid values, an [`Error::InvalidArgument`].
     pub fn restore_state_json(&self, json: &str) -> Result<()> {
         let unreadable = |e: serde_json::Error| {
             Error::InvalidArgument(format!("{} state is not readable: {e}", R::NAME))
@@ -285,7 +286,12 @@ impl<R: Rule> Sparse<R> {
         let optimizer = value
             .get("optimizer")
             .and_then(|o| o.as_str())
-            .unwrap_or("unknown");
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "not an optimizer state ({} was asked to restore it): it names no optimizer",
+                    R::NAME
+                ))
+            })?;
         if optimizer != R::NAME {
             return Err(Error::WrongOptimizer {
                 holds: optimizer.to_string(),

@@ -243,3 +243,23 @@ fn set_lr_and_schedules_are_checked_before_they_are_stored() {
         .is_err());
     assert_eq!(opt.state_json(), before);
 }
+
+#[test]
+fn a_file_that_is_no_optimizer_state_is_not_called_another_optimizers() {
+    let opt = adam();
+    let before = opt.state_json();
+    // A checkpoint's index, a number, an object whose `optimizer` is not a
+    // name: not states at all, so not a `WrongOptimizer`.
+    for json in [
+        r#"{"format": 1, "name": "emb", "dim": 8, "shards": []}"#,
+        "42",
+        r#"{"optimizer": 5, "params": {}, "step": 0}"#,
+    ] {
+        let err = opt.restore_state_json(json).unwrap_err();
+        assert!(
+            matches!(&err, Error::InvalidArgument(m) if m.contains("not an optimizer state")),
+            "{json}: {err:?}"
+        );
+        assert_eq!(opt.state_json(), before, "nothing restored");
+    }
+}

@@ -13,7 +13,9 @@
 //! Restoring and loading check the whole checkpoint first (key type, dim,
 //! checksums, slot initial values against the variable's, slot room,
 //! restrict policy, and for `load` that no restore is in progress) and
-//! change nothing if anything is wrong; then `restore` replaces the
+//! change nothing if anything is wrong; then the checkpoint's slots the
+//! variable lacks are created, all or nothing
+//! ([`RedisVariable::create_slots`]); then `restore` replaces the
 //! variable's rows with the saved ones, `load` writes them over what is
 //! there (a present row keeps the slot columns the checkpoint lacks).
 //! Rows are written with versioned writes (see [`crate::update`]), so a
@@ -38,7 +40,8 @@
 //!
 //! What any handle sees meanwhile: a read of a marked bucket (`lookup`,
 //! `lookup_or_insert`, `lookup_scores`, a slot lookup, `update_rows`,
-//! an export or save reaching it) is an [`Error::Backend`]
+//! an export or save reaching it, a `restrict` scanning or pruning it,
+//! which then removes nothing there) is an [`Error::Backend`]
 //! ([`BackendErrorKind::NotServing`]) naming the checkpoint, and the
 //! whole-table operations (`size`, `restrict`, `export_chunks`, `save`,
 //! `load`) refuse to start while the metadata's field is there. Since
@@ -50,6 +53,14 @@
 //! two of sees it as it sees any concurrent writes). Writes that
 //! do not read first (`upsert`, `accum`, `remove`) are not refused: one
 //! that lands after its bucket was emptied stays in the restored table.
+//! Nor is the insert of a key that a `lookup_or_insert` or an
+//! `update_rows` (an optimizer step) read as absent before its bucket was
+//! marked: a key the checkpoint lacks is then in the restored table with
+//! that write's row (the initializer's row, updated once). A key the
+//! checkpoint holds gets the checkpoint's row, and an update of a row
+//! read before the marking is refused as a conflict and read again. A
+//! trainer that must not add a row to a restored table pauses while
+//! another handle restores.
 //!
 //! A restore that stops part-way (the process killed, a node down) leaves
 //! the variable marked; running the restore again, from the start,
@@ -161,11 +172,19 @@ impl<K: Key> RedisVariable<K> {
                 ));
             }
         }
-        let columns = info
+        // All or nothing: the checkpoint's missing slots are created
+        // together or none is (another process may have created slots
+        // since the checks above).
+        let wanted: Vec<(&str, f32)> = info
             .slots
             .iter()
-            .map(|(name, initial)| self.create_slot(name, *initial).map(|id| id.index()))
-            .collect::<Result<Vec<usize>>>()?;
+            .map(|(name, initial)| (name.as_str(), *initial))
+            .collect();
+        let columns: Vec<usize> = self
+            .create_slots(&wanted)?
+            .iter()
+            .map(|id| id.index())
+            .collect();
         let initials: Vec<f32> = self.slots_now()?.iter().map(|&(_, v)| v).collect();
         let restore_scores = info.scores.is_some() && info.scores == self.restrict_policy();
         let label = dir.display().to_string();

@@ -14,7 +14,7 @@
 //! The first process to open a variable writes the metadata (a script, so
 //! two first openers cannot both write); later ones compare theirs with it
 //! and get an [`Error::Mismatch`] naming both on any difference. Slots are
-//! appended by a script too ([`crate::scripts::CREATE_SLOT`]), so two
+//! appended by a script too ([`crate::scripts::CREATE_SLOTS`]), so two
 //! processes creating slots at once agree on every slot's index.
 
 use crate::cluster::Request;

@@ -23,7 +23,9 @@
 //! removed during the pass may or may not be (as for a local variable's
 //! export). A pass refuses to start while a restore is in progress or
 //! after one was interrupted, and fails if it meets a bucket being
-//! restored.
+//! restored (a restore that began after the pass started): an export
+//! or save reading it, and `restrict` scanning or pruning it, which then
+//! removes nothing more (the groups pruned before stay pruned).
 //!
 //! # `restrict`
 //!
@@ -368,7 +370,7 @@ impl<K: Key> RedisVariable<K> {
                 .map(|b| self.bucket_request(b, &self.read_cmd(&scripts::SCORES, b)))
                 .collect();
             for reply in self.inner.cluster.run(&requests)? {
-                let scores = reply::bytes(self.store(), "scores", reply)?;
+                let scores = reply::bytes(self.store(), "scores", self.not_restoring(reply)?)?;
                 if scores.len() % 8 != 0 {
                     return Err(reply::unexpected(
                         self.store(),
@@ -410,6 +412,22 @@ impl<K: Key> RedisVariable<K> {
         Ok(usize::try_from(removed).unwrap_or(usize::MAX))
     }
 
+    /// `reply`, unless it is the error of a bucket being restored
+    /// ([`scripts::RESTORING_ERROR`]): then the error any read of such a
+    /// bucket gets.
+    fn not_restoring(&self, reply: Value) -> Result<Value> {
+        match &reply {
+            Value::ServerError(e) if e.code() == scripts::RESTORING_ERROR => {
+                let details = e.details().unwrap_or("");
+                // A script's error carries " script: <sha>, on ..." after
+                // the checkpoint.
+                let checkpoint = details.split(" script: ").next().unwrap_or(details);
+                Err(restoring_error(self.store(), checkpoint.as_bytes()))
+            }
+            _ => Ok(reply),
+        }
+    }
+
     /// One round trip of `REMOVE_BELOW` on each `(bucket, tie quota)`:
     /// per bucket, `(removed below, ties removed, ties left)`.
     fn remove_below(
@@ -430,7 +448,8 @@ impl<K: Key> RedisVariable<K> {
             .run(&requests)?
             .into_iter()
             .map(|reply| {
-                let items = reply::array(self.store(), "restrict remove", reply)?;
+                let items =
+                    reply::array(self.store(), "restrict remove", self.not_restoring(reply)?)?;
                 let counts = items
                     .into_iter()
                     .map(|item| {

@@ -48,6 +48,12 @@
 use redis::Script;
 use std::sync::LazyLock;
 
+/// The error code of `SCORES` and `REMOVE_BELOW` (and their module
+/// twins) on a bucket a restore has marked, followed by the checkpoint's
+/// name: `restrict` stops there rather than judge a bucket being
+/// restored.
+pub(crate) const RESTORING_ERROR: &str = "DYNEMB_RESTORING";
+
 /// A Lua script: its code (loaded on every new connection) and its SHA-1
 /// (which `EVALSHA` names).
 pub(crate) struct Lua {
@@ -450,7 +456,8 @@ return conflicts
 
 /// `restrict`'s scan of a bucket (a read, not recorded): the scores of
 /// its rows, 8 little-endian bytes each, as one string. Fields that are
-/// not 8 bytes (a restore's marker) are not rows. The script copies the
+/// not 8 bytes are not rows; a restore's marker makes the call the error
+/// [`RESTORING_ERROR`] followed by the checkpoint. The script copies the
 /// bucket into Lua (`HGETALL`) but sends only the scores; its module twin
 /// reads the rows in place.
 pub(crate) static SCORES: LazyLock<Lua> = LazyLock::new(|| {
@@ -459,6 +466,7 @@ pub(crate) static SCORES: LazyLock<Lua> = LazyLock::new(|| {
 local all = redis.call('HGETALL', KEYS[1])
 local out = {}
 for i = 1, #all, 2 do
+  if all[i] == 'restoring' then error({err = 'DYNEMB_RESTORING ' .. all[i + 1]}) end
   if #all[i] == 8 then
     local row = all[i + 1]
     if #row < 16 then error('dynemb: a stored row of ' .. #row .. ' bytes has no header') end
@@ -477,8 +485,9 @@ return table.concat(out)
 /// every row scored below `threshold` and the first `quota` rows (in the
 /// order the bucket is read) scored exactly `threshold`. Fields that are
 /// not 8 bytes are not rows and stay. Returns `[below, ties removed, ties
-/// left]`. A row without a header fails the call before anything is
-/// removed.
+/// left]`. A row without a header, or a restore's marker (the error
+/// [`RESTORING_ERROR`], as in [`SCORES`]), fails the call before
+/// anything is removed.
 pub(crate) static REMOVE_BELOW: LazyLock<Lua> = LazyLock::new(|| {
     recorded(
         "",
@@ -487,6 +496,7 @@ local tlo, thi = struct.unpack('<I4I4', ARGV[2])
 local quota = tonumber(ARGV[3])
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
+  if all[i] == 'restoring' then error({err = 'DYNEMB_RESTORING ' .. all[i + 1]}) end
   if #all[i] == 8 and #all[i + 1] < 16 then
     error('dynemb: a stored row of ' .. #all[i + 1] .. ' bytes has no header')
   end
@@ -566,24 +576,46 @@ return redis.call('HGETALL', KEYS[1])
     )
 });
 
-/// `create_slot`: `KEYS[1]` is the metadata hash, `ARGV = [name, initial,
-/// max]`. Slots are the fields `slot.<index>` (the name) and
+/// `create_slots`: `KEYS[1]` is the metadata hash, `ARGV = [max slots,
+/// (name, initial bits, equal initial bits) per slot]`, names distinct.
+/// Slots are the fields `slot.<index>` (the name) and
 /// `slot_initial.<index>` (the initial value's `f32` bits, decimal), and
-/// `slots` counts them. Returns `[index, initial]` of the slot of that
-/// name, created if there is none (or `[-1, ""]` if there are `max`
-/// slots already).
-pub(crate) static CREATE_SLOT: LazyLock<Lua> = LazyLock::new(|| {
+/// `slots` counts them. Checks every named slot that exists (its stored
+/// initial must be one of the two bit patterns) and the room, then adds
+/// the missing ones, all in one atomic script. Replies `{"ok", index per
+/// slot}`, `{"full", slots now}` or `{"mismatch", position in ARGV's
+/// slots, stored bits}`; the last two change nothing. Running it twice
+/// finds the slots the first run added, so a resend returns their indexes.
+pub(crate) static CREATE_SLOTS: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r#"
 local n = tonumber(redis.call('HGET', KEYS[1], 'slots') or '0')
+local index = {}
 for i = 0, n - 1 do
-  if redis.call('HGET', KEYS[1], 'slot.' .. i) == ARGV[1] then
-    return {i, redis.call('HGET', KEYS[1], 'slot_initial.' .. i)}
+  index[redis.call('HGET', KEYS[1], 'slot.' .. i)] = i
+end
+local new = {}
+for j = 2, #ARGV, 3 do
+  local i = index[ARGV[j]]
+  if i then
+    local stored = redis.call('HGET', KEYS[1], 'slot_initial.' .. i)
+    if stored ~= ARGV[j + 1] and stored ~= ARGV[j + 2] then
+      return {'mismatch', (j - 2) / 3, stored}
+    end
+  else
+    new[#new + 1] = j
   end
 end
-if n >= tonumber(ARGV[3]) then return {-1, ''} end
-redis.call('HSET', KEYS[1], 'slot.' .. n, ARGV[1], 'slot_initial.' .. n, ARGV[2], 'slots', n + 1)
-return {n, ARGV[2]}
+if n + #new > tonumber(ARGV[1]) then return {'full', n} end
+for k, j in ipairs(new) do
+  local i = n + k - 1
+  redis.call('HSET', KEYS[1], 'slot.' .. i, ARGV[j], 'slot_initial.' .. i, ARGV[j + 1])
+  index[ARGV[j]] = i
+end
+if #new > 0 then redis.call('HSET', KEYS[1], 'slots', n + #new) end
+local out = {'ok'}
+for j = 2, #ARGV, 3 do out[#out + 1] = index[ARGV[j]] end
+return out
 "#
         .to_string(),
     )
@@ -608,6 +640,6 @@ pub(crate) static ALL_SCRIPTS: LazyLock<[&'static Lua; 11]> = LazyLock::new(|| {
         &*CLEAR,
         &*MARK_RESTORING,
         &*OPEN,
-        &*CREATE_SLOT,
+        &*CREATE_SLOTS,
     ]
 });

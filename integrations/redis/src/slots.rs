@@ -9,46 +9,10 @@
 use crate::cluster::Request;
 use crate::meta;
 use crate::reply;
-use crate::variable::{batch_len, check_len, RedisVariable};
+use crate::scripts;
+use crate::variable::{batch_len, check_len, script_cmd, RedisVariable};
 use dynemb::{Error, Key, Result, SlotId};
 use std::sync::PoisonError;
-
-/// `create_slots`: `KEYS[1]` is the metadata hash, `ARGV = [max slots,
-/// (name, initial bits, equal initial bits) per slot]`, names distinct.
-/// Checks every named slot that exists (its stored initial must be one of
-/// the two bit patterns) and the room, then adds the missing ones, all in
-/// one atomic script. Replies `{"ok", index per slot}`, `{"full", slots
-/// now}` or `{"mismatch", position in ARGV's slots, stored bits}`; the
-/// last two change nothing.
-const CREATE_SLOTS: &str = r#"
-local n = tonumber(redis.call('HGET', KEYS[1], 'slots') or '0')
-local index = {}
-for i = 0, n - 1 do
-  index[redis.call('HGET', KEYS[1], 'slot.' .. i)] = i
-end
-local new = {}
-for j = 2, #ARGV, 3 do
-  local i = index[ARGV[j]]
-  if i then
-    local stored = redis.call('HGET', KEYS[1], 'slot_initial.' .. i)
-    if stored ~= ARGV[j + 1] and stored ~= ARGV[j + 2] then
-      return {'mismatch', (j - 2) / 3, stored}
-    end
-  else
-    new[#new + 1] = j
-  end
-end
-if n + #new > tonumber(ARGV[1]) then return {'full', n} end
-for k, j in ipairs(new) do
-  local i = n + k - 1
-  redis.call('HSET', KEYS[1], 'slot.' .. i, ARGV[j], 'slot_initial.' .. i, ARGV[j + 1])
-  index[ARGV[j]] = i
-end
-if #new > 0 then redis.call('HSET', KEYS[1], 'slots', n + #new) end
-local out = {'ok'}
-for j = 2, #ARGV, 3 do out[#out + 1] = index[ARGV[j]] end
-return out
-"#;
 
 impl<K: Key> RedisVariable<K> {
     /// Reads the slot list from the metadata into the cache.
@@ -233,15 +197,12 @@ impl<K: Key> RedisVariable<K> {
         ))
     }
 
-    /// Runs [`CREATE_SLOTS`] for `distinct` (names given once, checked):
-    /// the index of each.
+    /// Runs [`scripts::CREATE_SLOTS`] for `distinct` (names given once,
+    /// checked): the index of each.
     fn run_create_slots(&self, distinct: &[(&str, f32)]) -> Result<Vec<usize>> {
         let key = &self.inner.meta_key;
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(CREATE_SLOTS)
-            .arg(1)
-            .arg(&key[..])
-            .arg(dynemb::MAX_SLOTS);
+        let mut cmd = script_cmd(&scripts::CREATE_SLOTS, key);
+        cmd.arg(dynemb::MAX_SLOTS);
         for &(name, initial) in distinct {
             // `0.0` equals `-0.0`: either stored zero matches.
             let alternative = if initial == 0.0 { -initial } else { initial };

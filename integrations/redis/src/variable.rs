@@ -184,6 +184,7 @@ impl<K: Key> RedisVariableBuilder<K> {
                 self.name
             )));
         }
+        dynemb::check_name("variable name", &self.name)?;
         self.initializer.validate(self.dim)?;
         self.config.validate()?;
         let cluster = Cluster::connect(&self.config)?;
@@ -315,7 +316,10 @@ pub(crate) fn check_finite(what: &'static str, values: &[f32]) -> Result<()> {
 }
 
 impl<K: Key> RedisVariable<K> {
-    /// Starts building (opening) a variable called `name`.
+    /// Starts building (opening) a variable called `name`: not empty,
+    /// without `{` or `}` (the buckets' hash tags), and at most
+    /// [`MAX_NAME_BYTES`](dynemb::MAX_NAME_BYTES) bytes long (checked by
+    /// [`build`](RedisVariableBuilder::build)).
     pub fn builder(name: impl Into<String>) -> RedisVariableBuilder<K> {
         RedisVariableBuilder {
             name: name.into(),

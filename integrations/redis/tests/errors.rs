@@ -117,6 +117,12 @@ fn settings_that_cannot_work_are_errors_at_open() {
             .config(server.config())
             .build()
             .unwrap_err(),
+        // A name longer than a checkpoint may record: refused at open,
+        // not at the first save.
+        RedisVariable::<i64>::builder("n".repeat(dynemb::MAX_NAME_BYTES + 1))
+            .config(server.config())
+            .build()
+            .unwrap_err(),
         RedisVariable::<i64>::builder("e")
             .dim(3)
             .initializer(Initializer::Values(vec![1.0; 2]))

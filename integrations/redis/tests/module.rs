@@ -371,8 +371,8 @@ fn restricts_commands_read_scores_prune_once_and_refuse_malformed_calls() {
     }
     let _: () = redis::cmd("HSET")
         .arg(BUCKET)
-        .arg("restoring")
-        .arg("a checkpoint")
+        .arg("not a row")
+        .arg("anything")
         .query(&mut conn)
         .unwrap();
 
@@ -450,7 +450,7 @@ fn restricts_commands_read_scores_prune_once_and_refuse_malformed_calls() {
     let len: usize = redis::cmd("HLEN").arg(corrupt).query(&mut conn).unwrap();
     assert_eq!(len, 2, "the corrupt bucket as it was");
 
-    // Below the threshold goes, ties up to the quota, the marker stays;
+    // Below the threshold goes, ties up to the quota, other fields stay;
     // a resend answers from its record and removes nothing more.
     let expected = Value::Array(vec![Value::Int(1), Value::Int(2), Value::Int(1)]);
     for _ in 0..2 {
@@ -459,8 +459,33 @@ fn restricts_commands_read_scores_prune_once_and_refuse_malformed_calls() {
         let fields: Vec<Vec<u8>> = bucket(&mut conn).into_iter().map(|(f, _)| f).collect();
         assert_eq!(fields.len(), 3, "{fields:?}");
         assert!(fields.contains(&b"bbbbbbbb".to_vec()));
-        assert!(fields.contains(&b"restoring".to_vec()));
+        assert!(fields.contains(&b"not a row".to_vec()));
     }
+
+    // A bucket a restore has marked: both commands refuse it, naming the
+    // checkpoint, and nothing is removed or recorded.
+    let marked: &[u8] = b"t:emb:{2}";
+    let _: () = redis::cmd("HSET")
+        .arg(marked)
+        .arg(b"aaaaaaaa")
+        .arg(row(b"VERSION0", 1, &[1.0, 2.0]))
+        .arg("restoring")
+        .arg("/checkpoints/new")
+        .query(&mut conn)
+        .unwrap();
+    let scores = redis::cmd("DYNEMB.SCORES")
+        .arg(marked)
+        .query::<Value>(&mut conn)
+        .unwrap_err();
+    let removed = remove_below(&mut conn, marked, "marked", &[&three, b"1"]).unwrap_err();
+    for err in [scores, removed] {
+        assert_eq!(err.code(), Some("DYNEMB_RESTORING"), "{err:?}");
+        assert!(format!("{err:?}").contains("/checkpoints/new"), "{err:?}");
+    }
+    let len: usize = redis::cmd("HLEN").arg(marked).query(&mut conn).unwrap();
+    assert_eq!(len, 2, "the marked bucket as it was");
+    let exists: bool = redis::cmd("EXISTS").arg("marked").query(&mut conn).unwrap();
+    assert!(!exists, "no record of a refused call");
     let in_lua: Value = redis::cmd("EVAL")
         .arg("return cmsgpack.unpack(redis.call('GET', KEYS[1]))")
         .arg(1)

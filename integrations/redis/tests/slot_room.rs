@@ -3,7 +3,8 @@
 //! local variable: a table holding 7 of its 8 slot columns refuses Adam
 //! (which needs two) with no orphan slot in the metadata, no row, slot or
 //! score changed and no step counted; a step over a local table and a full
-//! Redis one is refused before it begins.
+//! Redis one is refused before it begins; a restore or load whose
+//! checkpoint's slots do not fit creates none and changes nothing.
 
 mod support;
 
@@ -179,4 +180,62 @@ fn handles_racing_for_the_last_columns_never_split_a_request() {
     assert_eq!(names.len(), MAX_SLOTS - 1, "{names:?}");
     let pair = &names[MAX_SLOTS - 3..];
     assert_eq!(pair[0][1..], pair[1][1..], "{names:?}");
+}
+
+/// A checkpoint of `name` holding Adam's slots (`m`, `v`), and the local
+/// variable it was saved from.
+fn adam_checkpoint(dir: &std::path::Path, name: &str) -> Variable<i64> {
+    let local = Variable::<i64>::builder(name)
+        .dim(DIM)
+        .restrict_policy(RestrictPolicy::Frequency)
+        .build()
+        .unwrap();
+    let adam = SparseAdam::new(ParamsAdam::default()).unwrap();
+    adam.apply(&local, &KEYS, &GRADS).unwrap();
+    local.save(dir).unwrap();
+    local
+}
+
+#[test]
+fn restore_and_load_create_the_checkpoints_slots_all_or_nothing() {
+    let server = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    // Seven columns: the checkpoint's two do not fit, so neither is made.
+    let full = table(&server, MAX_SLOTS - 1);
+    let checkpoint = dir.path().join("full");
+    adam_checkpoint(&checkpoint, full.name());
+    let before = redis_snapshot(&full);
+    for replace in [true, false] {
+        let err = if replace {
+            full.restore(&checkpoint).unwrap_err()
+        } else {
+            full.load(&checkpoint).unwrap_err()
+        };
+        assert!(
+            matches!(&err, Error::InvalidArgument(m) if m.contains("slot columns")),
+            "{err}"
+        );
+        assert_eq!(redis_snapshot(&full), before, "nothing changed");
+    }
+    // With room, and after the server forgot every script: both slots are
+    // made in one go, after the table's own.
+    let var = table(&server, 1);
+    let checkpoint = dir.path().join("room");
+    let local = adam_checkpoint(&checkpoint, var.name());
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut server.connection())
+        .unwrap();
+    var.restore(&checkpoint).unwrap();
+    assert_eq!(var.slot_names().unwrap(), ["other0", "m", "v"]);
+    for slot in ["m", "v"] {
+        let mut stored = vec![0.0; 2 * DIM];
+        var.lookup_slot(var.slot_id(slot).unwrap(), &[1, 4], &mut stored)
+            .unwrap();
+        let mut expected = vec![0.0; 2 * DIM];
+        local
+            .lookup_slot(local.slot_id(slot).unwrap(), &[1, 4], &mut expected)
+            .unwrap();
+        assert_eq!(stored, expected, "{slot}");
+    }
 }

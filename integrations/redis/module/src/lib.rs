@@ -370,13 +370,24 @@ fn bucket_scores(
     }
     let mut found = Vec::new();
     let mut bad = None;
+    let mut restoring = None;
     redis_module::ScanKeyCursor::new(key).for_each(|_, field, row| {
+        if field.as_slice() == rows::RESTORING_FIELD {
+            restoring = Some(rows::lossy(row.as_slice()));
+            return;
+        }
         match rows::scored(field.as_slice(), row.as_slice()) {
             Ok(Some(entry)) => found.push(entry),
             Ok(None) => {}
             Err(e) => bad = Some(e),
         }
     });
+    if let Some(checkpoint) = restoring {
+        return Err(RedisError::String(format!(
+            "{} {checkpoint}",
+            rows::RESTORING_ERROR
+        )));
+    }
     match bad {
         Some(e) => Err(error(e)),
         None => Ok(found),
@@ -384,7 +395,8 @@ fn bucket_scores(
 }
 
 /// `DYNEMB.SCORES bucket`: the scores of the bucket's rows, 8
-/// little-endian bytes each, as one bulk string.
+/// little-endian bytes each, as one bulk string; the error
+/// [`rows::RESTORING_ERROR`] if the bucket is being restored.
 fn scores_command(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let [_, bucket] = &args[..] else {
         return Err(RedisError::WrongArity);
@@ -399,7 +411,8 @@ fn scores_command(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 /// `DYNEMB.REMOVE_BELOW bucket record ttl threshold quota`: `restrict`'s
 /// removal (see [`rows::prune`]; `threshold` 8 little-endian bytes,
 /// `quota` decimal), recorded as every bucket write is. Replies `[below,
-/// ties removed, ties left]`.
+/// ties removed, ties left]`; removes nothing and answers the error
+/// [`rows::RESTORING_ERROR`] if the bucket is being restored.
 fn remove_below_command(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let call = Call::parse(&args)?;
     let [threshold, quota] = call.rest[..] else {

@@ -337,6 +337,14 @@ pub fn write_if_unchanged(
     })
 }
 
+/// The field of a bucket being restored (its value names the
+/// checkpoint): `restrict`'s scan and removal refuse such a bucket.
+pub const RESTORING_FIELD: &[u8] = b"restoring";
+
+/// The error code `SCORES` and `REMOVE_BELOW` answer on a bucket being
+/// restored, followed by the checkpoint's name.
+pub const RESTORING_ERROR: &str = "DYNEMB_RESTORING";
+
 /// Bytes of a key's field: rows are the fields of exactly this length
 /// (other fields of a bucket, such as a restore's marker, are not rows).
 pub const FIELD_BYTES: usize = 8;
