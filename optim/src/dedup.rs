@@ -133,19 +133,7 @@ impl Dedup {
                 keys.len()
             )));
         }
-        let expected = keys.len().checked_mul(dim).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "a batch of {} rows of {dim} values is too large",
-                keys.len()
-            ))
-        })?;
-        if grads.len() != expected {
-            return Err(Error::LengthMismatch {
-                what: "grads",
-                expected,
-                actual: grads.len(),
-            });
-        }
+        check_grads_len(keys.len(), dim, grads)?;
         let distinct = self.index(keys);
         if distinct.len() == keys.len() {
             return Ok(DedupedRef {
@@ -207,6 +195,25 @@ impl Dedup {
         }
         distinct
     }
+}
+
+/// An error unless `grads` holds `rows * dim` values: an
+/// [`Error::LengthMismatch`], or an [`Error::InvalidArgument`] where that
+/// count overflows.
+pub(crate) fn check_grads_len(rows: usize, dim: usize, grads: &[f32]) -> Result<()> {
+    let expected = rows.checked_mul(dim).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "a batch of {rows} rows of {dim} values is too large"
+        ))
+    })?;
+    if grads.len() != expected {
+        return Err(Error::LengthMismatch {
+            what: "grads",
+            expected,
+            actual: grads.len(),
+        });
+    }
+    Ok(())
 }
 
 /// Deduplicates `keys`, summing their `dim`-value rows of `grads`

@@ -51,7 +51,7 @@
 //! threads at once (each gets its own `t`); concurrent updates of one key
 //! serialize on its row lock and none is lost.
 
-use crate::dedup::{Dedup, DedupedRef};
+use crate::dedup::{check_grads_len, Dedup, DedupedRef};
 use crate::schedule::LearningRate;
 use dynemb::{EmbeddingStore, Error, Result, SlotId};
 use serde::de::DeserializeOwned;
@@ -381,19 +381,7 @@ impl<R: Rule> SparseOptimizer for Sparse<R> {
 fn check_batch<S: EmbeddingStore>(store: &S, keys: &[S::Key], grads: &[f32]) -> Result<()> {
     check_trainable(store)?;
     let dim = store.dim();
-    let expected = keys.len().checked_mul(dim).ok_or_else(|| {
-        Error::InvalidArgument(format!(
-            "a batch of {} rows of {dim} values is too large",
-            keys.len()
-        ))
-    })?;
-    if grads.len() != expected {
-        return Err(Error::LengthMismatch {
-            what: "grads",
-            expected,
-            actual: grads.len(),
-        });
-    }
+    check_grads_len(keys.len(), dim, grads)?;
     // Blocks without an early exit, so the check vectorizes; the position
     // is searched for only once a block fails.
     const BLOCK: usize = 256;

@@ -29,17 +29,22 @@ use std::collections::HashMap;
 const RESTORING: &str = "restoring";
 
 impl<K: Key> RedisVariable<K> {
+    /// Runs `cmd`, a command on the variable's metadata key, and returns
+    /// its reply.
+    pub(crate) fn run_on_meta(&self, cmd: &redis::Cmd) -> Result<Value> {
+        let mut replies = self
+            .inner
+            .cluster
+            .run(&[Request::new(&self.inner.meta_key, cmd)])?;
+        Ok(replies.pop().expect("one reply a request"))
+    }
+
     /// The checkpoint a restore of this variable is writing (in progress,
     /// or interrupted), if any.
     pub(crate) fn restoring(&self) -> Result<Option<Vec<u8>>> {
         let mut cmd = redis::cmd("HGET");
         cmd.arg(&self.inner.meta_key[..]).arg(RESTORING);
-        let reply = self
-            .inner
-            .cluster
-            .run(&[Request::new(&self.inner.meta_key, &cmd)])?
-            .pop()
-            .expect("one reply");
+        let reply = self.run_on_meta(&cmd)?;
         reply::bytes_or_nil(self.store(), "HGET restoring", reply)
     }
 
@@ -62,12 +67,7 @@ impl<K: Key> RedisVariable<K> {
         if let Some(checkpoint) = checkpoint {
             cmd.arg(checkpoint);
         }
-        let reply = self
-            .inner
-            .cluster
-            .run(&[Request::new(&self.inner.meta_key, &cmd)])?
-            .pop()
-            .expect("one reply");
+        let reply = self.run_on_meta(&cmd)?;
         reply::int(self.store(), "restoring", reply).map(drop)
     }
 }

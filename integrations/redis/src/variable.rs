@@ -832,12 +832,7 @@ impl<K: Key> RedisVariable<K> {
         self.clear()?;
         let mut cmd = redis::cmd("UNLINK");
         cmd.arg(&self.inner.meta_key[..]);
-        let reply = self
-            .inner
-            .cluster
-            .run(&[Request::new(&self.inner.meta_key, &cmd)])?
-            .pop()
-            .expect("one reply");
+        let reply = self.run_on_meta(&cmd)?;
         reply::int(self.store(), "UNLINK", reply).map(drop)
     }
 
