@@ -66,16 +66,7 @@ fn bad_input_is_an_error_that_changes_nothing() {
         "an output buffer of the wrong length is untouched"
     );
     for err in &errors {
-        assert!(
-            matches!(
-                err,
-                Error::LengthMismatch { .. }
-                    | Error::NonFinite { .. }
-                    | Error::InvalidArgument(_)
-                    | Error::Mismatch { .. }
-            ),
-            "{err}"
-        );
+        assert!(refused_input(err), "{err}");
     }
     assert!(matches!(
         errors[4],
@@ -308,16 +299,7 @@ fn each_checked_first_promise_fails_on_its_last_check_and_changes_nothing() {
         ),
     ];
     for (what, err) in &failures {
-        assert!(
-            matches!(
-                err,
-                Error::LengthMismatch { .. }
-                    | Error::NonFinite { .. }
-                    | Error::InvalidArgument(_)
-                    | Error::Mismatch { .. }
-            ),
-            "{what}: {err}"
-        );
+        assert!(refused_input(err), "{what}: {err}");
         assert_eq!(seen(&var, &keys), before, "{what} changed nothing");
     }
     assert_eq!(out, [7.0; 4], "an output buffer is untouched");
@@ -366,4 +348,15 @@ fn each_checked_first_promise_fails_on_its_last_check_and_changes_nothing() {
     assert!(matches!(err, Error::Backend { .. }), "{err}");
     assert_eq!(rows, [7.0; 4], "untouched");
     assert_eq!(var.size().unwrap(), size, "nothing inserted");
+}
+
+/// Whether `err` is one of the errors that refuse a call's input.
+fn refused_input(err: &Error) -> bool {
+    matches!(
+        err,
+        Error::LengthMismatch { .. }
+            | Error::NonFinite { .. }
+            | Error::InvalidArgument(_)
+            | Error::Mismatch { .. }
+    )
 }

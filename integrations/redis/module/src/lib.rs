@@ -202,14 +202,20 @@ fn apply(ctx: &Context, call: &Call<'_>, effect: Effect) -> RedisResult {
         }
         run_command(ctx, "HSET", &args, Mode::WriteUnlessOom)?;
     }
-    let record = record::encode(&effect.reply);
+    record_reply(ctx, call, effect.reply)
+}
+
+/// Records `reply` under the call's write id (for its TTL), so that a
+/// resend is answered from it, and returns it.
+fn record_reply(ctx: &Context, call: &Call<'_>, reply: Reply) -> RedisResult {
+    let record = record::encode(&reply);
     run_command(
         ctx,
         "SET",
         &[call.record, &record, b"PX", call.ttl],
         Mode::Write,
     )?;
-    Ok(value(effect.reply))
+    Ok(value(reply))
 }
 
 fn value(reply: Reply) -> RedisValue {
@@ -437,15 +443,7 @@ fn remove_below_command(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         hdel.extend(victims.iter().map(Vec::as_slice));
         run_command(ctx, "HDEL", &hdel, Mode::Write)?;
     }
-    let reply = pruning.reply();
-    let record = record::encode(&reply);
-    run_command(
-        ctx,
-        "SET",
-        &[call.record, &record, b"PX", call.ttl],
-        Mode::Write,
-    )?;
-    Ok(value(reply))
+    record_reply(ctx, &call, pruning.reply())
 }
 
 /// Runs a command's handler; a panic (a bug: every input is checked) is an
