@@ -33,6 +33,7 @@
 #![warn(missing_docs)]
 
 pub mod checkpoint;
+pub mod checks;
 mod error;
 mod initializer;
 mod key;

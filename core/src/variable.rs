@@ -56,6 +56,7 @@
 //! is in flight.
 
 use crate::checkpoint;
+use crate::checks::{batch_len, check_finite, check_len};
 use crate::raw::kernels::first_non_finite;
 use crate::raw::{ExportColumns, ExportedRows, Positions, Table};
 use crate::{
@@ -149,27 +150,6 @@ enum Split {
     Many(Vec<(Vec<u64>, Vec<u32>)>),
 }
 
-fn check_len(what: &'static str, expected: usize, actual: usize) -> Result<()> {
-    if expected == actual {
-        Ok(())
-    } else {
-        Err(Error::LengthMismatch {
-            what,
-            expected,
-            actual,
-        })
-    }
-}
-
-/// `keys * dim`, the length of a batch's row buffer.
-fn batch_len(keys: usize, dim: usize) -> Result<usize> {
-    keys.checked_mul(dim).ok_or_else(|| {
-        Error::InvalidArgument(format!(
-            "a batch of {keys} rows of {dim} values is too large"
-        ))
-    })
-}
-
 /// The first row of a batch (by position in `keys`) that a write refused
 /// because its result was not finite: how [`Variable::update_rows`] and
 /// [`Variable::accum`] report their per-row refusals, whatever shard order
@@ -192,17 +172,6 @@ impl Refused {
             None => Ok(()),
             Some((index, value)) => Err(Error::NonFinite { what, index, value }),
         }
-    }
-}
-
-fn check_finite(what: &'static str, values: &[f32]) -> Result<()> {
-    match first_non_finite(values) {
-        None => Ok(()),
-        Some(index) => Err(Error::NonFinite {
-            what,
-            index,
-            value: values[index],
-        }),
     }
 }
 
