@@ -871,8 +871,8 @@ impl<K: Key> Variable<K> {
     /// what those keys occupy: at most one 2 MiB page per key in each of its
     /// index's two arrays (their pages are backed as keys are written into
     /// them), plus their rows. An upper bound of the resident memory, exact
-    /// for rows; see [`Table::memory_bytes`] for the details. Not counted:
-    /// the variable's own small structures and a retired index not yet freed.
+    /// for rows. Not counted: the variable's own small structures and a
+    /// retired index not yet freed.
     pub fn memory_bytes(&self) -> usize {
         self.inner.shards.iter().map(Table::memory_bytes).sum()
     }
