@@ -1,38 +1,4 @@
-//! candle layers over dynemb's dynamic embedding tables: a table keyed by
-//! arbitrary 64-bit ids, growing as ids arrive, used in a candle model as
-//! naturally as `candle_nn::Embedding`, with TensorFlow Recommenders-Addons'
-//! lookup semantics and dynemb-optim's sparse optimizers.
-//!
-//! - **Lookup family** ([`lookup`]): [`embedding_lookup`],
-//!   [`embedding_lookup_sparse`] and [`safe_embedding_lookup_sparse`] over
-//!   [`SparseIds`] (TF's COO form or PyTorch's offsets) with a
-//!   [`Combiner`], returning tensors, bit for bit what TFRA 0.8 returns
-//!   on every golden case (`tests/golden/`, dim 4). Two known gaps of a
-//!   last bit or two: `max_norm` on rows wider than 8 values (TF sums the
-//!   squares in vector lanes, [`clip`]) and weighted sqrtn for some weights
-//!   ([`lookup`]). They only read: nothing is inserted.
-//! - **Layers**: [`Embedding`] (ids of any rank to rows) and
-//!   [`EmbeddingBag`] (pooled bags), each with a training and an inference
-//!   forward. Training: the batch's distinct ids are read (and inserted)
-//!   into one per-batch `Var` (never one `Var` for the table: candle's
-//!   `index_select` backward allocates a gradient as large as its source)
-//!   and gathered back; the layer records the `Var` and its keys.
-//!   Inference: a plain lookup, nothing inserted or recorded. Both take
-//!   `max_norm` ([`max_norm`]) and a [`Regularizer`].
-//! - **The step** ([`step`]): after `loss.backward()`, [`SparseStep`] reads
-//!   every recorded `Var`'s gradient and applies a dynemb-optim optimizer
-//!   as one optimizer step over every table the model read (layers sharing
-//!   a table train it with their summed gradient), beside candle-nn's
-//!   dense optimizer ([`SparseStep::backward_step`]).
-//! - **Threads** ([`parallel`], [`gather`]): a large batch's store reads,
-//!   its gather and its optimizer update are split over candle's own CPU
-//!   threads, with the same results as one call (store calls only for
-//!   stores in this process's memory: [`dynemb::EmbeddingStore::cpu_bound`]).
-//!
-//! The layers are generic over [`dynemb::EmbeddingStore`], so they train a
-//! local `Variable` and any other store alike. Every function checks its
-//! input before it changes anything ([`Error`]); `examples/ctr/` trains a
-//! CTR model end to end.
+#![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
 pub mod error;
