@@ -43,8 +43,9 @@ pub use regularizer::Regularizer;
 pub use step::{SparseGrads, SparseModule, SparseStep};
 pub use unique::{Dedup, UniqueIds};
 
-/// The README's examples (every crate's), compiled and run as doctests
-/// here, the crate that depends on all the others.
+/// The root README's examples, compiled and run as doctests here, the
+/// crate that depends on all the others (each crate runs its own README's
+/// as its crate docs).
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 struct ReadmeDoctests;
