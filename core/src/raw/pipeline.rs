@@ -8,9 +8,8 @@
 //! `i + TAGS_AHEAD` are already on their way.
 //!
 //! The distances are deep because a row is five cache lines and a key costs
-//! seven misses in all: on the 2-core EPYC VM the benches run on, 36/24/12
-//! beat 12/8/4 by about 15% on 8M-key lookups (`lookup_throughput`), and
-//! deeper did not help.
+//! seven misses in all: 36/24/12 beat 12/8/4 by about 15% on 8M-key lookups
+//! (the `lookup_throughput` example), and deeper did not help.
 //!
 //! The stages ahead of the operation only read the index. For a lookup their
 //! answer is the answer (the key's row as of a moment during the batch). For a

@@ -7,9 +7,9 @@
 //! `CANDLE_CPU_MASK`'s) minus one workers and the calling thread. After each op its workers spin for a while before they
 //! sleep, waiting for the next one. Work handed to a second pool (rayon's
 //! global pool, which this crate used before) then fights those spinning
-//! workers for the same cores: on the 2-core development VM the split
-//! store calls and the gather's backward ran slower than on one thread
-//! while a candle worker spun beside them. So every split in this crate
+//! workers for the same cores: on two cores the split store calls and the
+//! gather's backward ran slower than on one thread while a candle worker
+//! spun beside them. So every split in this crate
 //! ([`crate::parallel`], [`crate::gather`]) runs on candle's pool, whose
 //! workers are the ones waiting, and no other threads are started.
 //!
