@@ -1,5 +1,6 @@
-//! dynemb through its public batched API: one call per batch on a
-//! [`Variable<u64>`] built with the builder's defaults.
+//! dynemb through its public batched API: one call per batch on any
+//! [`EmbeddingTable`] with `u64` keys; `compare` builds a [`Variable<u64>`]
+//! with the builder's defaults.
 //!
 //! - Shards: one. Batches from several threads run concurrently on the one
 //!   lock-free table; more shards would only split each batch by key first.
@@ -17,7 +18,7 @@
 use super::{Spec, Store, System};
 use crate::apply::{Optimizer, Trainer};
 use crate::workload::Batch;
-use dynemb::Variable;
+use dynemb::{EmbeddingTable, Variable};
 use dynemb_optim::{Rule, Sparse, SparseOptimizer};
 
 /// An empty variable for `spec`.
@@ -29,9 +30,9 @@ fn variable(spec: &Spec) -> Variable<u64> {
         .expect("valid variable settings")
 }
 
-/// dynemb's `Variable<u64>`, for the table ops.
-pub struct Dynemb {
-    var: Variable<u64>,
+/// A dynemb table, for the table ops.
+pub struct Dynemb<T = Variable<u64>> {
+    var: T,
     /// `exists` for `accum`: all true, one batch long.
     all_exist: Vec<bool>,
 }
@@ -39,14 +40,21 @@ pub struct Dynemb {
 impl Dynemb {
     /// An empty variable for `spec`.
     pub fn new(spec: &Spec) -> Self {
+        Dynemb::of(variable(spec), spec.batch)
+    }
+}
+
+impl<T> Dynemb<T> {
+    /// The adapter of `table`, for batches of at most `batch` keys.
+    pub fn of(table: T, batch: usize) -> Self {
         Dynemb {
-            var: variable(spec),
-            all_exist: vec![true; spec.batch],
+            var: table,
+            all_exist: vec![true; batch],
         }
     }
 }
 
-impl Store for Dynemb {
+impl<T: EmbeddingTable<Key = u64> + Sync> Store for Dynemb<T> {
     fn system(&self) -> System {
         System::Dynemb
     }
@@ -83,20 +91,20 @@ impl Store for Dynemb {
     }
 
     fn len(&self) -> usize {
-        self.var.size()
+        self.var.size().expect("size")
     }
 
     fn memory_bytes(&self) -> Option<usize> {
-        Some(self.var.memory_bytes())
+        self.var.memory_bytes().ok()
     }
 }
 
-/// A variable and the optimizer training it.
-pub struct DynembTrainer<R: Rule> {
+/// A dynemb table and the optimizer training it.
+pub struct DynembTrainer<R: Rule, T = Variable<u64>> {
     /// Which optimizer `R` is.
     optimizer: Optimizer,
     /// The table.
-    var: Variable<u64>,
+    var: T,
     /// The optimizer, with its step count.
     opt: Sparse<R>,
     /// The rule's slot names, in its slot order.
@@ -106,17 +114,24 @@ pub struct DynembTrainer<R: Rule> {
 impl<R: Rule> DynembTrainer<R> {
     /// An empty variable for `spec`, and the optimizer with `params`.
     pub fn new(optimizer: Optimizer, params: R, spec: &Spec) -> Self {
+        DynembTrainer::of(variable(spec), optimizer, params)
+    }
+}
+
+impl<R: Rule, T> DynembTrainer<R, T> {
+    /// `table` trained by `optimizer` with `params`.
+    pub fn of(table: T, optimizer: Optimizer, params: R) -> Self {
         let slot_names = params.slots().into_iter().map(|(name, _)| name).collect();
         DynembTrainer {
             optimizer,
-            var: variable(spec),
+            var: table,
             opt: Sparse::new(params).expect("valid hyperparameters"),
             slot_names,
         }
     }
 }
 
-impl<R: Rule> Trainer for DynembTrainer<R> {
+impl<R: Rule, T: EmbeddingTable<Key = u64> + Sync> Trainer for DynembTrainer<R, T> {
     fn system(&self) -> System {
         System::Dynemb
     }
