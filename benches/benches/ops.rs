@@ -10,7 +10,7 @@
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use dynemb::Initializer;
 use dynemb_benches::harness::batches;
-use dynemb_benches::systems::{Spec, Store, System};
+use dynemb_benches::peers::{Spec, Store, System};
 use dynemb_benches::workload::{Picks, Shape, Workload};
 use std::hint::black_box;
 use std::time::Duration;

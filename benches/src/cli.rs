@@ -19,8 +19,8 @@
 //! what runs (see [`USAGE`]); a configuration left with nothing to run is
 //! skipped.
 
+use crate::peers::{Op, System};
 use crate::suite::{Config, Plan};
-use crate::systems::{Op, System};
 use crate::workload::Shape;
 use std::path::PathBuf;
 

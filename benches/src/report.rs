@@ -1,14 +1,14 @@
 //! The figures of a run, as Markdown tables and as JSON.
 //!
 //! [`Report`] holds everything `compare` measured; [`Report::render`] prints
-//! it as Markdown tables (keys/s in millions per system, dynemb / best peer
-//! and dynemb / dense for each op; resize under load; memory; the targets),
-//! and `serde_json` writes the same figures.
+//! it as Markdown tables (keys/s in millions per system, with dynemb / best
+//! peer and dynemb / dense for each op, all measured in the same run; resize
+//! under load; checkpoints; memory), and `serde_json` writes the same
+//! figures.
 
 use crate::checkpoint::CheckpointRow;
 use crate::harness::{median, quantile, CpuClock};
-use crate::systems::{Op, System};
-use crate::targets::{ApplyRatio, Target};
+use crate::peers::{Op, System};
 use crate::workload::Shape;
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -257,7 +257,7 @@ impl Environment {
     }
 }
 
-/// Everything `compare` measured and concluded.
+/// Everything `compare` measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     /// What was run.
@@ -275,11 +275,6 @@ pub struct Report {
     /// Each system's run time and the load other processes put on the
     /// machine meanwhile.
     pub runs: Vec<SystemRun>,
-    /// The issue's targets against the measured figures.
-    pub targets: Vec<Target>,
-    /// The optimizer-step targets' ratios at every measured dim, thread
-    /// count and pick distribution (the targets use uniform picks).
-    pub apply_ratios: Vec<ApplyRatio>,
     /// The Redis group's figures (`--ops redis`), if it ran.
     pub redis: Option<crate::redis::RedisResults>,
     /// Why the Redis group did not complete, if it failed.
@@ -323,22 +318,11 @@ impl Figures<'_> {
             .max_by(|a, b| a.1.total_cmp(&b.1))
     }
 
-    /// dynemb / best peer at `op`.
-    pub fn vs_best_peer(&self, op: Op, threads: usize) -> Option<f64> {
+    /// The best peer at `op`, and dynemb / that peer.
+    pub fn vs_best_peer(&self, op: Op, threads: usize) -> Option<(System, f64)> {
         let ours = self.get(System::Dynemb, op, threads)?;
-        Some(ours / self.best_peer(op, threads)?.1)
-    }
-
-    /// dynemb / the best of the concurrent maps (dashmap, papaya, scc) at
-    /// `op`: the lookup target's comparison, which leaves out
-    /// hashbrown+RwLock (a read-only workload never contends its lock).
-    pub fn vs_best_concurrent_map(&self, op: Op, threads: usize) -> Option<f64> {
-        let ours = self.get(System::Dynemb, op, threads)?;
-        let best = [System::DashMap, System::Papaya, System::Scc]
-            .into_iter()
-            .filter_map(|s| self.get(s, op, threads))
-            .max_by(f64::total_cmp)?;
-        Some(ours / best)
+        let (peer, theirs) = self.best_peer(op, threads)?;
+        Some((peer, ours / theirs))
     }
 
     /// dynemb / dense reference at `op`.
@@ -402,17 +386,6 @@ impl Report {
         if let Some(error) = &self.redis_error {
             let _ = writeln!(s, "\n### dynemb-redis: not measured ({error})");
         }
-        if !self.targets.is_empty() {
-            s.push_str("\n### targets\n\n");
-            s.push_str(&targets_table(&self.targets));
-        }
-        if !self.apply_ratios.is_empty() {
-            s.push_str(
-                "\n### optimizer step ratios (SparseAdam apply; the targets above use uniform \
-                 picks; accum is dynemb's, uniform picks, same dim)\n\n",
-            );
-            s.push_str(&apply_ratios_table(&self.apply_ratios));
-        }
         let _ = writeln!(
             s,
             "\n{} CPUs, transparent huge pages: {}; wall time {:.0} s",
@@ -448,7 +421,10 @@ impl Report {
                         None => "n/a".into(),
                     });
                 }
-                row.push(ratio(f.vs_best_peer(op, t)));
+                row.push(
+                    f.vs_best_peer(op, t)
+                        .map_or("-".into(), |(peer, r)| format!("{r:.2}x {}", peer.name())),
+                );
                 row.push(ratio(f.vs_dense(op, t)));
                 rows.push(row);
             }
@@ -545,35 +521,6 @@ fn resize_table(rows: &[ResizeRow]) -> String {
     markdown_table(&header, &rows)
 }
 
-/// The optimizer step ratios as a Markdown table.
-fn apply_ratios_table(rows: &[ApplyRatio]) -> String {
-    let header = [
-        "dim",
-        "keys",
-        "picks",
-        "threads",
-        "dynemb Adam / dynemb accum",
-        "dynemb / best of dashmap, papaya, scc",
-        "dynemb / dense",
-    ]
-    .map(String::from);
-    let rows: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| {
-            vec![
-                r.dim.to_string(),
-                r.keys.to_string(),
-                if r.zipf { "zipf 1.1" } else { "uniform" }.into(),
-                r.threads.to_string(),
-                ratio(r.adam_over_accum),
-                ratio(r.vs_best_map),
-                ratio(r.vs_dense),
-            ]
-        })
-        .collect();
-    markdown_table(&header, &rows)
-}
-
 fn runs_table(runs: &[SystemRun]) -> String {
     let header = ["system", "dim", "keys", "wall s", "other CPUs"].map(String::from);
     let rows: Vec<Vec<String>> = runs
@@ -623,30 +570,6 @@ fn memory_table(rows: &[MemoryRow]) -> String {
                 opt(r.rss_at_rest_bytes_per_row, &|v| format!("{v:.1}")),
                 opt(r.rss_at_rest_bytes_per_row, &|v| format!("{:.2}x", v / raw)),
                 format!("{:.2}", r.grow_seconds),
-            ]
-        })
-        .collect();
-    markdown_table(&header, &rows)
-}
-
-fn targets_table(targets: &[Target]) -> String {
-    let header = ["target", "measured", "goal", "met"].map(String::from);
-    let rows: Vec<Vec<String>> = targets
-        .iter()
-        .map(|t| {
-            vec![
-                t.name.clone(),
-                t.measured.map_or("n/a".into(), |v| t.unit.format(v)),
-                format!(
-                    "{} {}",
-                    if t.at_most { "<=" } else { ">=" },
-                    t.unit.format(t.goal)
-                ),
-                match t.met {
-                    Some(true) => "yes".into(),
-                    Some(false) => "NO".into(),
-                    None => "not measured".into(),
-                },
             ]
         })
         .collect();
@@ -706,7 +629,6 @@ pub fn markdown_table(header: &[String], rows: &[Vec<String>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::targets::Unit;
 
     fn shape() -> Shape {
         Shape {
@@ -791,23 +713,6 @@ mod tests {
                 wall_seconds: 2.0,
                 others_cpu_seconds: Some(1.0),
             }],
-            targets: vec![Target {
-                name: "lookup hit: dynemb / best peer".into(),
-                measured: Some(2.0),
-                goal: 4.0,
-                at_most: false,
-                unit: Unit::Ratio,
-                met: Some(false),
-            }],
-            apply_ratios: vec![ApplyRatio {
-                dim: 8,
-                keys: 1000,
-                zipf: true,
-                threads: 2,
-                adam_over_accum: Some(0.75),
-                vs_best_map: Some(4.0),
-                vs_dense: None,
-            }],
             redis: None,
             redis_error: None,
             wall_seconds: 3.0,
@@ -820,7 +725,10 @@ mod tests {
         let f = r.figures(8, 1000);
         assert_eq!(f.get(System::Dynemb, Op::LookupHit, 1), Some(8e6));
         assert_eq!(f.best_peer(Op::LookupHit, 1), Some((System::Papaya, 4e6)));
-        assert_eq!(f.vs_best_peer(Op::LookupHit, 1), Some(2.0));
+        assert_eq!(
+            f.vs_best_peer(Op::LookupHit, 1),
+            Some((System::Papaya, 2.0))
+        );
         assert_eq!(f.vs_dense(Op::LookupHit, 1), Some(0.5));
         assert_eq!(f.vs_dense(Op::Insert, 1), None);
         assert_eq!(f.get(System::Dynemb, Op::LookupHit, 2), None);
@@ -849,18 +757,16 @@ mod tests {
                 "2.00",
                 "4.00",
                 "16.00",
-                "2.00x",
+                "2.00x papaya",
                 "0.50x"
             ]
         );
         let insert = text.lines().find(|l| l.starts_with("| insert")).unwrap();
         let cells: Vec<&str> = insert.split('|').map(str::trim).collect();
-        assert_eq!(cells[3..9], ["3.00", "1.00", "n/a", "-", "3.00x", "-"]);
-        assert!(
-            text.contains("| lookup hit: dynemb / best peer |"),
-            "{text}"
+        assert_eq!(
+            cells[3..9],
+            ["3.00", "1.00", "n/a", "-", "3.00x dashmap", "-"]
         );
-        assert!(text.contains("NO"));
         assert!(text.contains("n/a (starved)"), "3 reader batches: {text}");
         let checkpoint = text.lines().find(|l| l.contains("5 MB (5.0%)")).unwrap();
         let cells: Vec<&str> = checkpoint.split('|').map(str::trim).collect();
@@ -906,7 +812,6 @@ mod tests {
         assert_eq!(first["system"], "dynemb");
         assert_eq!(first["op"], "lookup_hit");
         assert_eq!(first["per_second"], 8e6);
-        assert_eq!(json["targets"][0]["met"], false);
         assert_eq!(json["memory"][0]["reported_bytes_per_row"], 48.0);
         assert_eq!(json["settings"]["systems"][3], "dense");
     }

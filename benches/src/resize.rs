@@ -19,9 +19,9 @@
 //! busy other processes kept the machine.
 
 use crate::harness::{batches, CpuClock};
+use crate::peers::{Spec, System};
 use crate::report::ResizeRow;
 use crate::suite::CONSTANT;
-use crate::systems::{Spec, System};
 use crate::workload::{Batch, Workload, NO_ROW};
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64Mcg;

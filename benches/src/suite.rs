@@ -40,9 +40,9 @@
 use crate::apply::{self, Optimizer};
 use crate::checkpoint::{save_and_restore, CheckpointRow};
 use crate::harness::{batches, rate, release_free_memory, rss_bytes, run_split, CpuClock};
+use crate::peers::{Op, Spec, Store, System};
 use crate::report::{Measurement, MemoryRow, ResizeRow, SystemRun};
 use crate::resize::resize_under_load;
-use crate::systems::{Op, Spec, Store, System};
 use crate::workload::{Picks, Shape, Workload};
 use dynemb::Initializer;
 use std::time::Instant;
@@ -382,7 +382,7 @@ fn run_tables(
         .filter(|op| config.ops.contains(op))
         .collect();
     for &op in &steady {
-        if store.supports(op) {
+        if system.measures(op) {
             time_op(store.as_ref(), op, w, &mut grow_scratch);
         }
     }
@@ -390,13 +390,13 @@ fn run_tables(
         let mut scratch = scratch(threads, w);
         for _ in 0..plan.repeats {
             for &op in &steady {
-                if store.supports(op) {
+                if system.measures(op) {
                     samples.push(op, threads, time_op(store.as_ref(), op, w, &mut scratch));
                 }
             }
         }
     }
-    if config.ops.contains(&Op::Export) && store.supports(Op::Export) {
+    if config.ops.contains(&Op::Export) && system.measures(Op::Export) {
         for _ in 0..plan.repeats {
             samples.push(Op::Export, 1, time_export(store.as_ref()));
         }
@@ -435,7 +435,7 @@ fn run_destructive(
                 release_free_memory();
                 let store = system.build(&spec(w, RANDOM_NORMAL));
                 for op in destructive {
-                    if config.ops.contains(&op) && store.supports(op) {
+                    if config.ops.contains(&op) && system.measures(op) {
                         if op == Op::LookupMissNormal {
                             // Untimed first pass: the table settles after
                             // its growth, as in phase 2.
@@ -444,7 +444,7 @@ fn run_destructive(
                         samples.push(op, threads, time_op(store.as_ref(), op, w, &mut scratch));
                     }
                 }
-                if store.supports(Op::Remove) && config.ops.contains(&Op::Remove) {
+                if system.measures(Op::Remove) && config.ops.contains(&Op::Remove) {
                     assert_eq!(store.len(), 0, "{name}: remove left keys behind");
                 }
             }
@@ -478,7 +478,7 @@ fn run_apply(
         }
         release_free_memory();
         let rss_before = rss_bytes();
-        let Some(trainer) = apply::build(system, optimizer, &spec(w, CONSTANT)) else {
+        let Some(trainer) = system.trainer(optimizer, &spec(w, CONSTANT)) else {
             return;
         };
         let trainer = trainer.as_ref();

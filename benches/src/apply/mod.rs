@@ -1,4 +1,6 @@
-//! Optimizer steps: what a training step's sparse update costs.
+//! Optimizer steps, what a training step's sparse update costs: the
+//! [`Trainer`] trait, the [`Stepped`] driver every system but dynemb shares,
+//! and the checks that a system's rows are bit for bit the per-key model's.
 //!
 //! # What is measured
 //!
@@ -22,23 +24,14 @@
 //! ([`dynemb_optim::dedup::dedup`], the function dynemb's driver calls), then
 //! per distinct key the same row kernel ([`Rule::update`] with the step's
 //! constants from [`Rule::prepare`]), so every system's rows are bit for bit
-//! equal after the same steps (checked, see below).
-//!
-//! | system | one step ([`Trainer::apply`]) |
-//! |---|---|
-//! | dynemb | `opt.apply(&variable, keys, grads)` on a `Variable<u64>` (one shard), the whole public driver: input checks, slot lookup by name, dedup, `update_rows` (one probe and one row lock per distinct key) ([`dynemb_trainer`]) |
-//! | dense | dedup of the batch's row indices, precomputed outside the timing; per distinct row: load the value and slot rows (one huge-page array per column), the kernel, store them back; every column's row prefetched 12 rows ahead. No hashing, no lock: the limit ([`dense_trainer`]) |
-//! | dashmap | dedup; per distinct key `get_mut` (its shard's write lock) and the kernel in place ([`dashmap_trainer`]) |
-//! | papaya | one `pin()` per batch; dedup; per distinct key `get` and the kernel in place under the row's own `Mutex` ([`papaya_trainer`]) |
-//! | scc | dedup; per distinct key `update_sync` (its bucket's lock) and the kernel in place ([`scc_trainer`]) |
-//!
-//! The peers hold per key one `Box<[f32]>` with the value row and every slot
-//! row back to back. hashbrown+RwLock does not run these ops ("-").
-//!
-//! Each system counts its own steps: dynemb's optimizer does
-//! (`Sparse::begin_step`: `t` and the step's constants, once per call), the
-//! others keep the same count in an atomic (`Stepper`) and prepare the
-//! step's constants once per call, as `begin_step` does.
+//! equal after the same steps (checked, see below). dynemb runs its own
+//! driver and counts its own steps ([`crate::peers::dynemb`]); every other
+//! system is a [`Stepped`] table: the step count, the constants prepared
+//! once per call (as `Sparse::begin_step` does) and the dedup are
+//! [`Stepped`]'s, the row access the system's ([`SlotRows`], implemented in
+//! each module of [`crate::peers`]). The peers hold per key one
+//! `Box<[f32]>` with the value row and every slot row back to back.
+//! hashbrown+RwLock does not run these ops ("-").
 //!
 //! # How the suite runs them
 //!
@@ -71,15 +64,11 @@
 //! The unit tests (`tests`) run several steps through every adapter and
 //! compare every row and slot with dynemb's.
 
-pub mod dashmap_trainer;
-pub mod dense_trainer;
-pub mod dynemb_trainer;
-pub mod papaya_trainer;
-pub mod scc_trainer;
-
 use crate::harness::{batches, rate, run_split};
-use crate::systems::{Spec, System};
+use crate::peers::{Spec, System};
 use crate::workload::{Batch, Picks, Workload};
+use dynemb::Key;
+use dynemb_optim::dedup::Dedup;
 use dynemb_optim::{ParamsAdagrad, ParamsAdam, ParamsSgd, Rule};
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -193,72 +182,101 @@ pub trait Trainer: Sync {
     fn read(&self, key: u64, row: u32, out: &mut [f32]);
 }
 
-/// A trainer of `optimizer` for `system` (`None` for hashbrown+RwLock,
-/// which does not run optimizer steps), empty, for `spec`.
-pub fn build(system: System, optimizer: Optimizer, spec: &Spec) -> Option<Box<dyn Trainer>> {
-    match optimizer {
-        Optimizer::Sgd => build_with(system, optimizer, sgd(), spec),
-        Optimizer::Adagrad => build_with(system, optimizer, adagrad(), spec),
-        Optimizer::Adam => build_with(system, optimizer, adam(), spec),
-    }
+/// A system's table of value and slot rows, as [`Stepped`] drives it.
+pub trait SlotRows: Sync + Sized {
+    /// Which system this is.
+    const SYSTEM: System;
+
+    /// What the table is addressed by, and the dedup runs over: keys, or
+    /// the dense reference's row indices.
+    type Id: Key;
+
+    /// An empty table for `spec` whose rows carry one slot row per entry of
+    /// `initials`, starting at that value.
+    fn with_slots(spec: &Spec, initials: &[f32]) -> Self;
+
+    /// The ids of `batch` ([`Batch::keys`] or [`Batch::rows`]).
+    fn ids<'a>(batch: Batch<'a>) -> &'a [Self::Id];
+
+    /// Stores keys that are not present yet with the rows of `values` and
+    /// slot rows at `initials`.
+    fn prefill(&self, batch: Batch<'_>, values: &[f32], initials: &[f32]);
+
+    /// Runs `update(i, row)` on the value and slot rows (back to back) of
+    /// each of the distinct `ids`, in order, each under whatever keeps
+    /// concurrent writers of the row apart.
+    fn update_each(&self, ids: &[Self::Id], update: impl FnMut(usize, &mut [f32]));
+
+    /// Copies a stored key's value row and slot rows, back to back, into
+    /// `out`; `row` is its dense row index.
+    fn read(&self, key: u64, row: u32, out: &mut [f32]);
 }
 
-/// [`build`] for the rule `R` with `params`.
-fn build_with<R: Rule>(
-    system: System,
+/// A [`SlotRows`] table trained by the rule `R`: the step count, the step's
+/// constants and the dedup, as dynemb's driver does them.
+pub struct Stepped<P, R: Rule> {
+    /// Which optimizer `R` is.
     optimizer: Optimizer,
-    params: R,
-    spec: &Spec,
-) -> Option<Box<dyn Trainer>> {
-    Some(match system {
-        System::Dynemb => Box::new(dynemb_trainer::DynembTrainer::new(optimizer, params, spec)),
-        System::Dense => Box::new(dense_trainer::DenseTrainer::new(optimizer, params, spec)),
-        System::DashMap => Box::new(dashmap_trainer::DashMapTrainer::new(
-            optimizer, params, spec,
-        )),
-        System::Papaya => Box::new(papaya_trainer::PapayaTrainer::new(optimizer, params, spec)),
-        System::Scc => Box::new(scc_trainer::SccTrainer::new(optimizer, params, spec)),
-        System::HashbrownRwLock => return None,
-    })
-}
-
-/// The step count of the systems that are not dynemb, and the per-step
-/// constants, as `Sparse::begin_step` computes them (constant learning
-/// rate).
-pub(crate) struct Stepper<R: Rule> {
     /// The hyperparameters.
     params: R,
     /// Steps taken so far.
     steps: AtomicU64,
+    /// Each slot's initial value.
+    initials: Vec<f32>,
+    /// The table.
+    rows: P,
+    /// Values per row.
+    dim: usize,
 }
 
-impl<R: Rule> Stepper<R> {
-    /// At step 0.
-    pub(crate) fn new(params: R) -> Self {
-        Stepper {
+impl<P: SlotRows, R: Rule> Stepped<P, R> {
+    /// An empty table for `spec`, trained with `params`.
+    pub fn new(optimizer: Optimizer, params: R, spec: &Spec) -> Self {
+        let initials: Vec<f32> = params.slots().into_iter().map(|(_, v)| v).collect();
+        Stepped {
+            optimizer,
             params,
             steps: AtomicU64::new(0),
+            rows: P::with_slots(spec, &initials),
+            initials,
+            dim: spec.dim,
         }
     }
+}
 
-    /// Takes the next step number and returns its constants.
-    pub(crate) fn begin(&self) -> R::Step {
-        let t = self.steps.fetch_add(1, Ordering::Relaxed) + 1;
-        self.params.prepare(t, self.params.lr())
+impl<P: SlotRows, R: Rule> Trainer for Stepped<P, R> {
+    fn system(&self) -> System {
+        P::SYSTEM
     }
 
-    /// Steps taken so far.
-    pub(crate) fn steps(&self) -> u64 {
+    fn optimizer(&self) -> Optimizer {
+        self.optimizer
+    }
+
+    fn prefill(&self, batch: Batch<'_>, values: &[f32]) {
+        self.rows.prefill(batch, values, &self.initials);
+    }
+
+    fn apply(&self, batch: Batch<'_>, grads: &[f32]) {
+        let t = self.steps.fetch_add(1, Ordering::Relaxed) + 1;
+        let step = self.params.prepare(t, self.params.lr());
+        let dim = self.dim;
+        Dedup::with_thread_local(|scratch| {
+            let unique = scratch.run(P::ids(batch), grads, dim).expect("dedup");
+            let grads = unique.grads;
+            self.rows.update_each(&unique.keys, |i, row| {
+                let (value, slots) = row.split_at_mut(dim);
+                R::update(&step, &grads[i * dim..(i + 1) * dim], value, slots);
+            });
+        });
+    }
+
+    fn steps(&self) -> u64 {
         self.steps.load(Ordering::Relaxed)
     }
 
-    /// The initial value of each slot.
-    pub(crate) fn slot_initials(&self) -> Vec<f32> {
-        self.params
-            .slots()
-            .into_iter()
-            .map(|(_, initial)| initial)
-            .collect()
+    fn read(&self, key: u64, row: u32, out: &mut [f32]) {
+        self.rows.read(key, row, out);
     }
 }
 
@@ -270,13 +288,6 @@ pub(crate) fn boxed_row(value: &[f32], initials: &[f32]) -> Box<[f32]> {
         row.extend(std::iter::repeat_n(initial, value.len()));
     }
     row.into_boxed_slice()
-}
-
-/// The kernel on a peer's row (value and slot rows back to back).
-#[inline]
-pub(crate) fn update_boxed<R: Rule>(step: &R::Step, grad: &[f32], row: &mut [f32]) {
-    let (value, slots) = row.split_at_mut(grad.len());
-    R::update(step, grad, value, slots);
 }
 
 /// Stores every key of the workload with its initial row, on `threads`

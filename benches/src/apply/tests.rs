@@ -4,7 +4,7 @@
 //! step the same keys at once.
 
 use super::*;
-use crate::systems::Spec;
+use crate::peers::Spec;
 use crate::workload::{Picks, Shape, Workload};
 use dynemb::Initializer;
 
@@ -54,7 +54,9 @@ fn rows(trainer: &dyn Trainer, w: &Workload) -> Vec<Vec<u32>> {
 
 /// Prefills, then steps through `picks` batch by batch on one thread.
 fn train(system: System, optimizer: Optimizer, w: &Workload, picks: &Picks) -> Box<dyn Trainer> {
-    let trainer = build(system, optimizer, &spec(w.dim())).expect("a trainer");
+    let trainer = system
+        .trainer(optimizer, &spec(w.dim()))
+        .expect("a trainer");
     prefill(trainer.as_ref(), w, 1);
     for start in (0..picks.len()).step_by(BATCH) {
         let b = picks.batch(start..(start + BATCH).min(picks.len()));
@@ -107,7 +109,7 @@ fn the_bench_checks_pass_on_every_trainer() {
     let w = workload(16);
     for optimizer in Optimizer::ALL {
         for system in TRAINERS {
-            let trainer = build(system, optimizer, &spec(16)).expect("a trainer");
+            let trainer = system.trainer(optimizer, &spec(16)).expect("a trainer");
             prefill(trainer.as_ref(), &w, 2);
             check_first_steps(trainer.as_ref(), &w);
             for picks in [&w.uniform, &w.zipf] {
@@ -116,7 +118,9 @@ fn the_bench_checks_pass_on_every_trainer() {
             check_next_step(trainer.as_ref(), &w);
         }
     }
-    assert!(build(System::HashbrownRwLock, Optimizer::Adam, &spec(16)).is_none());
+    assert!(System::HashbrownRwLock
+        .trainer(Optimizer::Adam, &spec(16))
+        .is_none());
 }
 
 #[test]
@@ -146,7 +150,7 @@ fn the_first_steps_check_catches_a_wrong_row() {
         }
     }
     let w = workload(8);
-    let trainer = Off(build(System::Dynemb, Optimizer::Adam, &spec(8)).unwrap());
+    let trainer = Off(System::Dynemb.trainer(Optimizer::Adam, &spec(8)).unwrap());
     prefill(&trainer, &w, 1);
     check_first_steps(&trainer, &w);
 }
@@ -162,7 +166,7 @@ fn peers_lose_no_update_when_two_threads_step_the_same_keys() {
     let keys = &w.zipf;
     let rounds = 20;
     for system in [System::Dynemb, System::DashMap, System::Papaya, System::Scc] {
-        let trainer = build(system, Optimizer::Sgd, &spec(dim)).unwrap();
+        let trainer = system.trainer(Optimizer::Sgd, &spec(dim)).unwrap();
         let trainer = trainer.as_ref();
         prefill(trainer, &w, 1);
         let before = rows(trainer, &w);
@@ -177,7 +181,7 @@ fn peers_lose_no_update_when_two_threads_step_the_same_keys() {
             }
         });
         assert_eq!(trainer.steps(), 2 * rounds as u64);
-        let serial = build(system, Optimizer::Sgd, &spec(dim)).unwrap();
+        let serial = system.trainer(Optimizer::Sgd, &spec(dim)).unwrap();
         prefill(serial.as_ref(), &w, 1);
         for _ in 0..2 * rounds {
             serial.apply(keys.batch(0..keys.len()), &grads);

@@ -13,7 +13,6 @@
 use dynemb_benches::cli::{self, Command};
 use dynemb_benches::report::{ConfigInfo, Environment, Report, Settings};
 use dynemb_benches::suite::{self, Progress};
-use dynemb_benches::targets;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -36,12 +35,7 @@ fn main() -> ExitCode {
     let redis = plan
         .redis
         .map(|shape| dynemb_benches::redis::run(shape, &progress));
-    let target_threads = if plan.threads.contains(&2) {
-        2
-    } else {
-        plan.threads.iter().copied().max().unwrap_or(1)
-    };
-    let mut report = Report {
+    let report = Report {
         settings: Settings {
             configs: plan
                 .configs
@@ -66,47 +60,11 @@ fn main() -> ExitCode {
         resize: results.resize,
         checkpoint: results.checkpoint,
         runs: results.runs,
-        targets: Vec::new(),
-        apply_ratios: Vec::new(),
         redis: redis.as_ref().and_then(|r| r.as_ref().ok().cloned()),
         redis_error: redis.and_then(Result::err),
-        wall_seconds: 0.0,
+        wall_seconds: started.elapsed().as_secs_f64(),
     };
-    let main = plan.configs.first().map(|c| c.shape);
-    if let Some(main) = &main {
-        report.targets = targets::check(
-            &report.figures(main.dim, main.keys),
-            target_threads,
-            &report.resize,
-            &report.memory,
-        );
-    }
-    let dims: Vec<(usize, usize)> = plan
-        .configs
-        .iter()
-        .map(|c| (c.shape.dim, c.shape.keys))
-        .collect();
-    report.apply_ratios = targets::apply_ratios(&report.measurements, &dims, &plan.threads);
-    report.wall_seconds = started.elapsed().as_secs_f64();
-
     println!("{}", report.render());
-    if let Some(main) = &main {
-        println!(
-            "Targets are stated for dim 64, 8388608 keys, 2 threads; checked here on dim {}, {} \
-             keys, {} threads.",
-            main.dim, main.keys, target_threads
-        );
-    }
-    if let Some(redis) = &report.redis {
-        println!(
-            "Redis targets (issue 12, dim 64, 1M keys, 3 masters): >= {}x the per-key client, \
-             >= {}x the servers' pipelined limit; checked here on dim {}, {} keys.",
-            dynemb_benches::redis::TARGET_PER_KEY,
-            dynemb_benches::redis::TARGET_LIMIT,
-            redis.shape.dim,
-            redis.shape.keys
-        );
-    }
     if let Some(path) = &options.json {
         let json = serde_json::to_string_pretty(&report).expect("report serializes");
         if let Err(e) = std::fs::write(path, json + "\n") {

@@ -18,7 +18,7 @@ use dynemb_benches::train::cli::{self, TrainCommand, TrainOptions};
 use dynemb_benches::train::data::{IdStats, Workload, FIELDS, VOCAB, ZIPF_EXPONENT};
 use dynemb_benches::train::malloc::{self, malloc_env};
 use dynemb_benches::train::report::{TrainReport, TrainSettings};
-use dynemb_benches::train::{goals, isolate, Result, BATCH, DIM, SEED};
+use dynemb_benches::train::{isolate, Result, BATCH, DIM, SEED};
 
 fn main() -> ExitCode {
     let options = match cli::parse(std::env::args().skip(1)) {
@@ -95,7 +95,6 @@ fn run_all(options: &TrainOptions) -> Result<()> {
             quick: options.quick,
         },
         environment: Environment::detect(),
-        goals: goals::check(&runs),
         runs,
         wall_seconds: started.elapsed().as_secs_f64(),
     };

@@ -3,15 +3,10 @@
 //! model twice on the same batches, first untimed (priming), then the run
 //! it reports, printed as JSON on stdout for the parent to collect.
 //!
-//! Why, measured on the development VM (quiet, same binary): runs sharing
-//! one process were not measured on equal terms. The first run of a
-//! process was 20-50% slower than the same run later in it, and, after one
-//! priming run, the next run but one was (the second staged run of
-//! `linear,linear`: `lookup_or_insert` 10.3 ms of CPU per step against 6.1
-//! to 6.6 ms in the runs before and after it, the same calls on the same
-//! batches), so which model landed in which position moved the figures and
-//! the verdicts. A fresh process per model, primed once, puts every model
-//! in the same position: the first run after priming.
+//! A process's first run of a model is slower than its later runs, and runs
+//! sharing a process change one another's figures, so each model gets a
+//! fresh process primed once: every model is measured in the same position,
+//! the first run after priming.
 
 use std::ffi::OsString;
 use std::process::{Command, Stdio};

@@ -9,13 +9,9 @@
 //! start, raised to the size of each mmapped buffer freed, at most 32 MiB)
 //! is a fresh `mmap`, page-faulted in (and zeroed by the kernel) on first
 //! touch, and memory freed at the top of the heap is trimmed back to the
-//! kernel. Measured on the development VM (quiet, each model in its own
-//! process): 7,000-27,000 page faults per step of the dynemb models and
-//! 275,000 per step of the baseline, whose step took 490-500 ms against
-//! 101-105 ms with the settings below (the dynemb linear model: 20-24 ms
-//! against 14-15 ms). And since the threshold moves with what the process
-//! freed before, runs sharing a process depended on the runs before them
-//! (runs of the linear model measured 300 and 10,000 faults per step).
+//! kernel. That made the 1M-row baseline several times slower, and, since
+//! the threshold moves with what the process freed before, made a run's
+//! figures depend on the runs before it.
 //!
 //! [`TUNABLES`] fixes the mmap threshold above any buffer of the benchmark
 //! and never trims, so every run allocates from the same retained heap

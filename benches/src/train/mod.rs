@@ -42,15 +42,14 @@
 //!
 //! Modules: [`data`] (the workload), [`head`] (the dense part),
 //! [`dynemb_model`] and [`hashed_model`] (the models), [`stages`] (step
-//! stages and their timing), [`run`] (running a model), [`goals`] (the
-//! issue's targets), [`report`] (tables and JSON), [`malloc`] (the
+//! stages and their timing), [`run`] (running a model), [`report`]
+//! (tables and JSON), [`malloc`] (the
 //! allocator's settings), [`isolate`] (a process per run), [`cli`]
 //! (flags).
 
 pub mod cli;
 pub mod data;
 pub mod dynemb_model;
-pub mod goals;
 pub mod hashed_model;
 pub mod head;
 pub mod isolate;

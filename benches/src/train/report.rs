@@ -3,8 +3,8 @@
 //! [`TrainReport::render`] prints: the models (median step, samples/s, the
 //! ratio to the candle-nn hashed baseline with the same head, the
 //! embedding path's share, the loss at the first and last step, the load
-//! of other processes), the stage shares of every staged run, the targets
-//! (measured, goal, met), and the settings and threads actually used.
+//! of other processes), the stage shares of every staged run, and the
+//! settings and threads actually used.
 //! `serde_json` writes the same figures.
 
 use std::fmt::Write as _;
@@ -13,7 +13,6 @@ use serde::Serialize;
 
 use crate::report::{markdown_table, Environment};
 use crate::train::data::IdStats;
-use crate::train::goals::Goal;
 use crate::train::run::{ModelRun, Steps};
 use crate::train::stages::Stage;
 use crate::train::ModelSpec;
@@ -54,7 +53,7 @@ pub struct TrainSettings {
     pub quick: bool,
 }
 
-/// Everything a `train` run measured and concluded.
+/// Everything a `train` run measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct TrainReport {
     /// What was run.
@@ -63,8 +62,6 @@ pub struct TrainReport {
     pub environment: Environment,
     /// Every model's run, in run order.
     pub runs: Vec<ModelRun>,
-    /// The targets.
-    pub goals: Vec<Goal>,
     /// Wall time of the whole run, s.
     pub wall_seconds: f64,
 }
@@ -117,11 +114,6 @@ impl TrainReport {
              sparse apply. backward also runs the gather's backward (the positions' \
              gradient summed into the distinct rows'), not counted in the path.\n",
         );
-        out.push_str(
-            "\n### targets (measured: the library as a user calls it, layer API; the share: \
-             the staged run)\n\n",
-        );
-        out.push_str(&goals_table(&self.goals));
         let _ = writeln!(
             out,
             "\nthreads: --threads {} (candle kernels, which also run dynemb-candle's \
@@ -214,31 +206,4 @@ impl TrainReport {
             .collect();
         markdown_table(&header, &rows)
     }
-}
-
-fn goals_table(goals: &[Goal]) -> String {
-    let header = ["target", "measured", "met", "goal", "TFRA 0.8.1"].map(String::from);
-    let verdict = |met: Option<bool>| match met {
-        Some(true) => "yes".to_owned(),
-        Some(false) => "NO".to_owned(),
-        None => "not measured".to_owned(),
-    };
-    let rows: Vec<Vec<String>> = goals
-        .iter()
-        .map(|g| {
-            let value = |v: Option<f64>| v.map_or("n/a".into(), |v| g.unit.format(v));
-            vec![
-                g.name.clone(),
-                value(g.measured),
-                verdict(g.met),
-                format!(
-                    "{} {}",
-                    if g.at_most { "<=" } else { ">=" },
-                    g.unit.format(g.goal)
-                ),
-                value(g.tfra),
-            ]
-        })
-        .collect();
-    markdown_table(&header, &rows)
 }

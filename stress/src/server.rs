@@ -19,10 +19,10 @@
 //! Every restore must return `Ok` (the first round's save is published
 //! before the server starts).
 
-use crate::soak::checkpoints::{
+use crate::checkpoints::{
     self, check_ledger, check_restored_main, Restored, SAVING_LEDGER, SAVING_MAIN,
 };
-use crate::soak::shared::Shared;
+use crate::shared::Shared;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 

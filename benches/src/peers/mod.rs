@@ -1,43 +1,42 @@
-//! The systems under test, behind one batch-level trait, [`Store`].
+//! The systems under test: one module per system, each owning its adapter
+//! for the table ops ([`Store`]) and, where it runs them, for the optimizer
+//! steps ([`crate::apply::Trainer`]).
 //!
-//! Every system stores rows of `dim` `f32` keyed by `u64` and takes the same
-//! batches ([`Batch`]). Each adapter uses its system the way that system's
-//! documentation recommends; the module of each adapter says how:
+//! Every system stores rows of `dim` `f32` keyed by `u64`, takes the same
+//! batches ([`Batch`]) and is used the way its documentation recommends:
 //!
-//! | system | adapter |
-//! |---|---|
-//! | `dynemb` | [`dynemb::Variable`], the public batched API ([`dynemb_store`]) |
-//! | `dashmap` | `DashMap<u64, Box<[f32]>>`, per key ([`dashmap_store`]) |
-//! | `papaya` | `papaya::HashMap<u64, Box<[f32]>>`, per key, one pin per batch ([`papaya_store`]) |
-//! | `scc` | `scc::HashMap<u64, Box<[f32]>>`, its sync API, per key ([`scc_store`]) |
-//! | `hashbrown+RwLock` | `RwLock<hashbrown::HashMap<u64, Box<[f32]>>>`, one lock per batch ([`hashbrown_store`]) |
-//! | `dense` | rows in one huge-page array by precomputed row index ([`dense`]) |
+//! | system | table ops | optimizer steps |
+//! |---|---|---|
+//! | [`dynemb`] | `Variable<u64>`, the public batched API | `dynemb-optim`'s `apply` on the variable |
+//! | [`dashmap`] | `DashMap<u64, Box<[f32]>>`, per key | `get_mut` and the kernel in place |
+//! | [`papaya`] | `papaya::HashMap<u64, Box<[f32]>>`, per key, one pin per batch | `Mutex<Box<[f32]>>` values, the kernel under the row's lock |
+//! | [`scc`] | `scc::HashMap<u64, Box<[f32]>>`, its sync API, per key | `update_sync` running the kernel |
+//! | [`hashbrown`] | `RwLock<hashbrown::HashMap<u64, Box<[f32]>>>`, one lock per batch | none |
+//! | [`dense`] | rows in one huge-page array by precomputed row index | one such array per column |
 //!
-//! The optimizer steps (the `apply` ops) run on tables that also hold the
-//! optimizer's slot rows, with their own adapters: see [`crate::apply`].
-//!
-//! All hash maps use ahash with fixed seeds (the hash function dynemb uses
-//! internally), instead of their default SipHash/foldhash, so no peer pays
-//! for a slower hasher. The peers store `Box<[f32]>` rows: the row width is a
-//! runtime value, so an inline `[f32; DIM]` is not available to them.
+//! Every hash map uses ahash with fixed seeds ([`hasher`], the hash dynemb
+//! uses internally), so no peer pays for a slower hasher. The peers store
+//! `Box<[f32]>` rows: the row width is a runtime value, so an inline
+//! `[f32; DIM]` is not available to them.
 //!
 //! Semantics shared by every adapter (checked against a `HashMap` model in
 //! the tests): `lookup` copies present rows and writes the initializer's row
-//! for missing keys through [`dynemb::Initializer::fill`], so the work per
-//! missing key is the same everywhere; `upsert` inserts or overwrites;
-//! `accum` adds the delta to present rows and ignores absent keys (dynemb's
-//! `accum` with every `exists` true); `insert` is given keys that are absent.
+//! for missing keys through [`Initializer::fill`], so the work per missing
+//! key is the same everywhere; `upsert` inserts or overwrites; `accum` adds
+//! the delta to present rows and ignores absent keys (dynemb's `accum` with
+//! every `exists` true); `insert` is given keys that are absent.
 
-pub mod dashmap_store;
+pub mod dashmap;
 pub mod dense;
-pub mod dynemb_store;
-pub mod hashbrown_store;
-pub mod papaya_store;
-pub mod scc_store;
+pub mod dynemb;
+pub mod hashbrown;
+pub mod papaya;
+pub mod scc;
 
-use crate::apply::Optimizer;
+use crate::apply::{adagrad, adam, sgd, Optimizer, Stepped, Trainer};
 use crate::workload::Batch;
-use dynemb::Initializer;
+use ::dynemb::Initializer;
+use dynemb_optim::Rule;
 use serde::Serialize;
 
 /// A table of rows under test, driven one batch at a time.
@@ -47,13 +46,6 @@ use serde::Serialize;
 pub trait Store: Sync {
     /// Which system this is.
     fn system(&self) -> System;
-
-    /// Whether `op` means anything for this system (the dense reference has
-    /// no insert, remove or export; see [`dense`]).
-    fn supports(&self, op: Op) -> bool {
-        let _ = op;
-        true
-    }
 
     /// Stores the rows of keys that are not present yet.
     fn insert(&self, batch: Batch<'_>, values: &[f32]);
@@ -265,10 +257,9 @@ impl System {
     }
 
     /// Whether this system runs `op` at all: the dense reference has no
-    /// insert, remove or export (see [`dense`]); hashbrown+RwLock has no
-    /// optimizer steps (only dashmap, papaya and scc are the peers of
-    /// [`crate::apply`]). The report prints "-" for the others' missing
-    /// figures.
+    /// insert, remove or export (it neither grows nor has keys);
+    /// hashbrown+RwLock runs no optimizer step. The report prints "-" for
+    /// the missing figures.
     pub fn measures(self, op: Op) -> bool {
         match self {
             System::Dense => !matches!(op, Op::Insert | Op::Remove | Op::Export),
@@ -280,13 +271,44 @@ impl System {
     /// An empty table of this system for `spec`.
     pub fn build(self, spec: &Spec) -> Box<dyn Store> {
         match self {
-            System::Dynemb => Box::new(dynemb_store::DynembStore::new(spec)),
-            System::DashMap => Box::new(dashmap_store::DashMapStore::new(spec)),
-            System::Papaya => Box::new(papaya_store::PapayaStore::new(spec)),
-            System::Scc => Box::new(scc_store::SccStore::new(spec)),
-            System::HashbrownRwLock => Box::new(hashbrown_store::HashbrownStore::new(spec)),
-            System::Dense => Box::new(dense::DenseStore::new(spec)),
+            System::Dynemb => Box::new(dynemb::Dynemb::new(spec)),
+            System::DashMap => Box::new(dashmap::DashMapPeer::new(spec)),
+            System::Papaya => Box::new(papaya::Papaya::<Box<[f32]>>::new(spec)),
+            System::Scc => Box::new(scc::SccPeer::new(spec)),
+            System::HashbrownRwLock => Box::new(hashbrown::HashbrownPeer::new(spec)),
+            System::Dense => Box::new(dense::Dense::new(spec, &[])),
         }
+    }
+
+    /// An empty table of this system for `spec` trained by `optimizer`
+    /// (`None` for hashbrown+RwLock, which runs no optimizer step).
+    pub fn trainer(self, optimizer: Optimizer, spec: &Spec) -> Option<Box<dyn Trainer>> {
+        match optimizer {
+            Optimizer::Sgd => self.trainer_with(optimizer, sgd(), spec),
+            Optimizer::Adagrad => self.trainer_with(optimizer, adagrad(), spec),
+            Optimizer::Adam => self.trainer_with(optimizer, adam(), spec),
+        }
+    }
+
+    /// [`System::trainer`] for the rule `R` with `params`.
+    fn trainer_with<R: Rule>(
+        self,
+        optimizer: Optimizer,
+        params: R,
+        spec: &Spec,
+    ) -> Option<Box<dyn Trainer>> {
+        Some(match self {
+            System::Dynemb => Box::new(dynemb::DynembTrainer::new(optimizer, params, spec)),
+            System::Dense => Box::new(Stepped::<dense::Dense, R>::new(optimizer, params, spec)),
+            System::DashMap => Box::new(Stepped::<dashmap::DashMapPeer, R>::new(
+                optimizer, params, spec,
+            )),
+            System::Papaya => Box::new(Stepped::<papaya::Papaya<papaya::LockedRow>, R>::new(
+                optimizer, params, spec,
+            )),
+            System::Scc => Box::new(Stepped::<scc::SccPeer, R>::new(optimizer, params, spec)),
+            System::HashbrownRwLock => return None,
+        })
     }
 }
 

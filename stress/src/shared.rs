@@ -3,9 +3,9 @@
 //! counters. A violation anywhere ends the process through
 //! [`Shared::violation`].
 
-use crate::soak::cli::Options;
-use crate::soak::rows::{ledger_key, main_key, LEDGER_MARKERS};
-use crate::soak::stats::Stats;
+use crate::cli::Options;
+use crate::rows::{ledger_key, main_key, LEDGER_MARKERS};
+use crate::stats::Stats;
 use dynemb::{Initializer, SlotId, Variable};
 use std::fmt::Display;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

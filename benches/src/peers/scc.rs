@@ -1,40 +1,49 @@
 //! `scc::HashMap<u64, Box<[f32]>>` (scc 3), per key, through its
 //! synchronous API: `read_sync` to copy out, `update_sync` to overwrite or
 //! add in place, `entry_sync` for insert-or-overwrite, `insert_sync`,
-//! `remove_sync`, `iter_sync` to export. ahash.
+//! `remove_sync`, `iter_sync` to export. For the optimizer steps a key's box
+//! holds its value row and every slot row back to back, and a step runs the
+//! kernel in place inside `update_sync` (the key's bucket locked for the
+//! closure). ahash.
 
 use super::{hasher, row, row_mut, Chunker, Spec, Store, System};
+use crate::apply::{boxed_row, SlotRows};
 use crate::workload::Batch;
 use dynemb::raw::kernels::axpy;
 use dynemb::Initializer;
 
 /// An scc map of boxed rows.
-pub struct SccStore {
-    map: scc::HashMap<u64, Box<[f32]>, ahash::RandomState>,
+pub struct SccPeer {
+    map: ::scc::HashMap<u64, Box<[f32]>, ahash::RandomState>,
     dim: usize,
     init: Initializer,
 }
 
-impl SccStore {
+impl SccPeer {
     /// An empty map for `spec`.
     pub fn new(spec: &Spec) -> Self {
-        SccStore {
-            map: scc::HashMap::with_hasher(hasher()),
+        SccPeer {
+            map: ::scc::HashMap::with_hasher(hasher()),
             dim: spec.dim,
             init: spec.initializer.clone(),
         }
     }
+
+    /// Stores `row` under `key`, which is absent (a present key would keep
+    /// its row).
+    fn insert_new(&self, key: u64, row: Box<[f32]>) {
+        let _ = self.map.insert_sync(key, row);
+    }
 }
 
-impl Store for SccStore {
+impl Store for SccPeer {
     fn system(&self) -> System {
         System::Scc
     }
 
     fn insert(&self, batch: Batch<'_>, values: &[f32]) {
         for (i, &key) in batch.keys.iter().enumerate() {
-            // The keys are new; a present key would keep its row.
-            let _ = self.map.insert_sync(key, row(values, self.dim, i).into());
+            self.insert_new(key, row(values, self.dim, i).into());
         }
     }
 
@@ -85,5 +94,36 @@ impl Store for SccStore {
 
     fn len(&self) -> usize {
         self.map.len()
+    }
+}
+
+impl SlotRows for SccPeer {
+    const SYSTEM: System = System::Scc;
+    type Id = u64;
+
+    fn with_slots(spec: &Spec, _initials: &[f32]) -> Self {
+        SccPeer::new(spec)
+    }
+
+    fn ids<'a>(batch: Batch<'a>) -> &'a [u64] {
+        batch.keys
+    }
+
+    fn prefill(&self, batch: Batch<'_>, values: &[f32], initials: &[f32]) {
+        for (i, &key) in batch.keys.iter().enumerate() {
+            self.insert_new(key, boxed_row(row(values, self.dim, i), initials));
+        }
+    }
+
+    fn update_each(&self, ids: &[u64], mut update: impl FnMut(usize, &mut [f32])) {
+        for (i, key) in ids.iter().enumerate() {
+            self.map.update_sync(key, |_, r| update(i, r));
+        }
+    }
+
+    fn read(&self, key: u64, _row: u32, out: &mut [f32]) {
+        self.map
+            .read_sync(&key, |_, r| out.copy_from_slice(r))
+            .expect("a stored key");
     }
 }

@@ -25,11 +25,11 @@
 //!
 //! Every save, restore and load must return `Ok`. Checkpoints overwrite the
 //! previous ones in place. The [`Book`] tells the
-//! [`server`](crate::soak::server) thread when a save is running and what
+//! [`server`](crate::server) thread when a save is running and what
 //! `lo` each round had.
 
-use crate::soak::rows::{self, row_hash};
-use crate::soak::shared::Shared;
+use crate::rows::{self, row_hash};
+use crate::shared::Shared;
 use dynemb::{Initializer, Variable};
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -278,7 +278,7 @@ pub fn check_ledger(
     };
     let slot = shared.ok(
         "restored ledger slot_id",
-        var.slot_id(crate::soak::shared::LEDGER_SLOT),
+        var.slot_id(crate::shared::LEDGER_SLOT),
     );
     let booked = ledger.booked();
     let mut seen = vec![false; booked];
@@ -458,7 +458,7 @@ pub fn check_restored_main(
 ) -> (usize, u64) {
     let slot = shared.ok(
         "restored main slot_id",
-        var.slot_id(crate::soak::shared::MAIN_SLOT),
+        var.slot_id(crate::shared::MAIN_SLOT),
     );
     let dim = var.dim();
     let shards = var.num_shards();

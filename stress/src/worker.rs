@@ -8,9 +8,9 @@
 //! `remove` (of the window's older half) and `restrict` (whenever the size
 //! passes 1.1 `--keys`, back to 0.9 `--keys`) churn it.
 
-use crate::soak::rows::{self, Rng, ACCUM_UNIT};
-use crate::soak::shared::Shared;
-use crate::soak::stats::Op;
+use crate::rows::{self, Rng, ACCUM_UNIT};
+use crate::shared::Shared;
+use crate::stats::Op;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 

@@ -2,7 +2,7 @@
 //! `dynemb::Variable`s that checks exact invariants as it goes.
 //!
 //! ```text
-//! cargo run --release -p dynemb-benches --bin soak -- --duration 30m [--threads N] [--dim D]
+//! cargo run --release -p dynemb-stress --bin soak -- --duration 30m [--threads N] [--dim D]
 //!     [--dir PATH] [--keys N] [--shards S] [--batch B] [--policy frequency|timestamp]
 //!     [--checkpoint-every D] [--audit-every D] [--progress-every D] [--ledger-keys N]
 //!     [--seed S] [--max-rss-gib G] [--keep-checkpoints]
@@ -105,12 +105,17 @@
 //! strict save or outpaced by inserts: the summary shows the largest size);
 //! the run fails if RSS passes `--max-rss-gib`.
 
-#[path = "../soak/mod.rs"]
-mod soak;
+mod audit;
+mod checkpoints;
+mod cli;
+mod rows;
+mod server;
+mod shared;
+mod stats;
+mod worker;
 
-use soak::cli::{self, Command, Options};
-use soak::shared::Shared;
-use soak::{audit, checkpoints, server, worker};
+use cli::{Command, Options};
+use shared::Shared;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -259,7 +264,7 @@ fn sample(shared: &Shared) {
     let sizes: Vec<usize> = (0..var.num_shards())
         .map(|s| shared.ok("shard_size", var.shard_size(s)))
         .collect();
-    let rss = dynemb_benches::harness::rss_bytes();
+    let rss = rss_bytes();
     shared.stats.sample(&sizes, var.memory_bytes(), rss);
     if let Some(rss) = rss {
         let limit = shared.options.max_rss_gib * (1u64 << 30) as f64;
@@ -295,7 +300,7 @@ fn progress(shared: &Shared, keys_per_second: f64) {
         shared.ledger.var.size(),
         keys_per_second / 1e6,
         shared.main.memory_bytes() as f64 / (1 << 20) as f64,
-        dynemb_benches::harness::rss_bytes().unwrap_or(0) as f64 / (1 << 20) as f64,
+        rss_bytes().unwrap_or(0) as f64 / (1 << 20) as f64,
         stats.inferred_resizes.load(Ordering::Relaxed),
         stats.saves.count.load(Ordering::Relaxed),
         stats.restores.count.load(Ordering::Relaxed),
@@ -305,4 +310,13 @@ fn progress(shared: &Shared, keys_per_second: f64) {
         stats.restrict_removed.load(Ordering::Relaxed),
         stats.audits.count.load(Ordering::Relaxed),
     );
+}
+
+/// Resident set size of this process in bytes (`VmRSS` of
+/// `/proc/self/status`), or `None` where that file does not exist.
+fn rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }

@@ -12,9 +12,9 @@
 //! - both: no key exported twice, `size()` equals the number of exported
 //!   keys and every `shard_size` its shard's share.
 
-use crate::soak::checkpoints::check_unique_and_sizes;
-use crate::soak::rows;
-use crate::soak::shared::Shared;
+use crate::checkpoints::check_unique_and_sizes;
+use crate::rows;
+use crate::shared::Shared;
 use std::time::Instant;
 
 /// Keys per lookup while auditing.

@@ -135,12 +135,12 @@ fn exercise(system: System, init: Initializer) {
 
     // Accumulate: present keys add (repeats add twice), absent keys are
     // ignored (tables only: the dense reference has a row for every key).
-    let mut targets = w.zipf.clone();
+    let mut accumulated = w.zipf.clone();
     if !dense {
-        targets.keys.extend(&w.misses.keys[..20]);
-        targets.rows.extend(&w.misses.rows[..20]);
+        accumulated.keys.extend(&w.misses.keys[..20]);
+        accumulated.rows.extend(&w.misses.rows[..20]);
     }
-    batches(&targets, |b| {
+    batches(&accumulated, |b| {
         let d = values(n, b.len());
         store.accum(b, &d);
         for (i, &k) in b.keys.iter().enumerate() {

@@ -11,16 +11,16 @@ use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 type Map = hashbrown::HashMap<u64, Box<[f32]>, ahash::RandomState>;
 
 /// A hashbrown map of boxed rows behind a reader-writer lock.
-pub struct HashbrownStore {
+pub struct HashbrownPeer {
     map: RwLock<Map>,
     dim: usize,
     init: Initializer,
 }
 
-impl HashbrownStore {
+impl HashbrownPeer {
     /// An empty map for `spec`.
     pub fn new(spec: &Spec) -> Self {
-        HashbrownStore {
+        HashbrownPeer {
             map: RwLock::new(Map::with_hasher(hasher())),
             dim: spec.dim,
             init: spec.initializer.clone(),
@@ -36,7 +36,7 @@ impl HashbrownStore {
     }
 }
 
-impl Store for HashbrownStore {
+impl Store for HashbrownPeer {
     fn system(&self) -> System {
         System::HashbrownRwLock
     }

@@ -85,10 +85,10 @@ pub enum Command {
 
 /// The default checkpoint directory: `target/soak` of the workspace.
 fn default_dir() -> PathBuf {
-    let benches = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    benches
+    let stress = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    stress
         .parent()
-        .unwrap_or(benches)
+        .unwrap_or(stress)
         .join("target")
         .join("soak")
 }
