@@ -7,16 +7,20 @@
 //! [`dynemb::EmbeddingStore`] trait, so `dynemb-optim`'s optimizers and
 //! `dynemb-candle`'s layers train it unchanged.
 //!
+//! A table is described once, with [`dynemb::Variable::builder`], and
+//! that description builds a local table (`build()`) or opens a Redis one
+//! ([`RedisVariable::open`]), as TFRA's `kv_creator` gives one `Variable`
+//! for every backend.
+//!
 //! ```no_run
-//! use dynemb::Initializer;
+//! use dynemb::{Initializer, Variable};
 //! use dynemb_redis::{RedisConfig, RedisVariable};
 //!
 //! let config = RedisConfig::with_nodes(["127.0.0.1:7000", "127.0.0.1:7001"]);
-//! let emb = RedisVariable::<i64>::builder("user_emb")
+//! let description = Variable::<i64>::builder("user_emb")
 //!     .dim(8)
-//!     .initializer(Initializer::Constant(0.5))
-//!     .config(config)
-//!     .build()?;
+//!     .initializer(Initializer::Constant(0.5));
+//! let emb = RedisVariable::open(description, config)?;
 //! let mut rows = vec![0.0; 2 * 8];
 //! emb.lookup_or_insert(&[7, -3], &mut rows)?; // training read: inserts
 //! emb.accum(&[7], &[1.0; 8], &[true])?;       // bp_v2, added on the server
@@ -27,6 +31,17 @@
 //!
 //! # Decisions
 //!
+//! - **Settings**: [`RedisVariable::open`] takes the
+//!   [`VariableBuilder`](dynemb::VariableBuilder) a local table is built
+//!   from, checks it where every table's settings are checked
+//!   ([`TableOptions::check`](dynemb::TableOptions::check)), and refuses at
+//!   open what a Redis table cannot honour: more than one shard (keys are
+//!   spread over [`RedisConfig::buckets`] instead, a layout fixed when the
+//!   table is created) and a custom partitioner. `init_size` is accepted
+//!   and unused: it sizes a local table's index ahead of its keys, and a
+//!   Redis table has no index to size (its buckets are Redis hashes that
+//!   grow on the servers), so the hint has nothing to change and a
+//!   description written for a local table opens unchanged.
 //! - **Layout** (TFRA's, improved): rows are spread over
 //!   [`buckets`](RedisConfig::buckets) Redis hashes by a fixed 64-bit mix
 //!   of the key; bucket `b` is the hash `<prefix>:<name>:{b}`, whose hash
@@ -124,4 +139,4 @@ pub mod update;
 mod variable;
 
 pub use config::RedisConfig;
-pub use variable::{RedisVariable, RedisVariableBuilder};
+pub use variable::RedisVariable;
