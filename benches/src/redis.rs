@@ -239,13 +239,23 @@ pub fn module_path() -> Result<PathBuf, String> {
     let target = exe
         .ancestors()
         .nth(2)
-        .ok_or("the bench is not in <target>/<profile>/")?;
+        .ok_or("the bench is not in <target>/<profile>/")?
+        .join("redis-module");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
-        .args(["build", "--release", "--locked", "--quiet"])
-        .args(["-p", "dynemb-redis-module", "--target-dir"])
-        .arg(target)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args([
+            "build",
+            "--release",
+            "--locked",
+            "--quiet",
+            "--manifest-path",
+        ])
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../integrations/redis/module/Cargo.toml"
+        ))
+        .arg("--target-dir")
+        .arg(&target)
         .output()
         .map_err(|e| format!("cargo: {e}"))?;
     if !out.status.success() {
@@ -544,11 +554,11 @@ fn batched(
         ..RedisConfig::default()
     };
     let form = if module { "module" } else { "Lua" };
-    let var = RedisVariable::<i64>::builder(format!("batched_{form}"))
-        .dim(shape.dim)
-        .config(config)
-        .build()
-        .map_err(|e| e.to_string())?;
+    let var = RedisVariable::open(
+        dynemb::Variable::<i64>::builder(format!("batched_{form}")).dim(shape.dim),
+        config,
+    )
+    .map_err(|e| e.to_string())?;
     if var.uses_module() != module {
         return Err(format!(
             "the {form} pass's variable does not use the {form} form"

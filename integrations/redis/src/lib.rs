@@ -17,4 +17,4 @@ pub mod update;
 mod variable;
 
 pub use config::RedisConfig;
-pub use variable::{RedisVariable, RedisVariableBuilder};
+pub use variable::RedisVariable;

@@ -347,7 +347,7 @@ impl<K: Key> RedisVariable<K> {
     pub fn restrict(&self, num_reserved: usize, trigger: usize) -> Result<usize> {
         if self.restrict_policy().is_none() {
             return Err(Error::InvalidArgument(format!(
-                "variable {:?} has no restrict policy (set one with RedisVariableBuilder::restrict_policy)",
+                "variable {:?} has no restrict policy (set one with VariableBuilder::restrict_policy)",
                 self.name()
             )));
         }

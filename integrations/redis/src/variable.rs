@@ -1,6 +1,9 @@
-//! [`RedisVariable`]: its handle, builder, and the batch operations
-//! (lookups, inserts, upserts, `accum`, removal, size, scores). Slots,
-//! `update_rows`, scans and checkpoints are in their own modules.
+//! [`RedisVariable`]: its handle, how it is opened from a
+//! [`VariableBuilder`] (the settings every table takes, checked once by
+//! [`TableOptions::check`], and refused where Redis cannot honour them),
+//! and the batch operations (lookups, inserts, upserts, `accum`, removal,
+//! size, scores). Slots, `update_rows`, scans and checkpoints are in their
+//! own modules.
 
 use crate::batch::Grouped;
 use crate::cluster::{Cluster, Request};
@@ -9,7 +12,10 @@ use crate::layout::{self, Row};
 use crate::meta::Meta;
 use crate::reply;
 use crate::scripts::{self, Lua};
-use dynemb::{BackendErrorKind, Error, Initializer, Key, RestrictPolicy, Result, SlotId};
+use dynemb::{
+    BackendErrorKind, Error, Initializer, Key, Partitioner, RestrictPolicy, Result, SlotId,
+    TableOptions, VariableBuilder,
+};
 use redis::Value;
 use std::collections::HashMap;
 use std::marker::PhantomData;
@@ -108,135 +114,30 @@ impl<K: Key> std::fmt::Debug for RedisVariable<K> {
     }
 }
 
-/// Settings of a [`RedisVariable`] to open. Defaults: dim 1,
-/// [`Initializer::Zeros`], trainable, checkpointed, no restrict policy,
-/// [`RedisConfig::default`].
-#[derive(Debug, Clone)]
-pub struct RedisVariableBuilder<K: Key> {
-    name: String,
-    dim: usize,
-    initializer: Initializer,
-    restrict_policy: Option<RestrictPolicy>,
-    trainable: bool,
-    checkpoint: bool,
-    config: RedisConfig,
-    _key: PhantomData<fn() -> K>,
-}
-
-impl<K: Key> RedisVariableBuilder<K> {
-    /// Values per row (default 1; 0 or more than
-    /// [`MAX_DIM`](dynemb::MAX_DIM) is an error when opening).
-    pub fn dim(mut self, dim: usize) -> Self {
-        self.dim = dim;
-        self
+/// Refuses the settings of `options` a Redis table cannot honour (see
+/// [`RedisVariable::open`]); the others are checked by
+/// [`TableOptions::check`].
+fn check_redis_options(name: &str, options: &TableOptions) -> Result<()> {
+    if name.is_empty() || name.contains(['{', '}']) {
+        return Err(Error::InvalidArgument(format!(
+            "variable name {name:?} must not be empty or contain {{ or }} (a Redis table's \
+             buckets are named by it, with a hash tag in braces)"
+        )));
     }
-
-    /// How rows of missing keys are made (default [`Initializer::Zeros`]).
-    /// Every process opening the variable must use the same one.
-    pub fn initializer(mut self, initializer: Initializer) -> Self {
-        self.initializer = initializer;
-        self
+    if options.shards != 1 {
+        return Err(Error::InvalidArgument(format!(
+            "variable {name:?}: a Redis table has one shard, got shards = {}; its keys are \
+             spread over RedisConfig::buckets buckets instead",
+            options.shards
+        )));
     }
-
-    /// Keeps a score per row for `policy`, for
-    /// [`RedisVariable::restrict`] (default: none).
-    pub fn restrict_policy(mut self, policy: RestrictPolicy) -> Self {
-        self.restrict_policy = Some(policy);
-        self
+    if let Partitioner::Custom(_) = options.partitioner {
+        return Err(Error::InvalidArgument(format!(
+            "variable {name:?}: a Redis table places keys in buckets by a fixed hash of the \
+             key, so it cannot take a custom partitioner"
+        )));
     }
-
-    /// Whether optimizers train this variable (default true; a property of
-    /// this handle, not stored).
-    pub fn trainable(mut self, yes: bool) -> Self {
-        self.trainable = yes;
-        self
-    }
-
-    /// Whether checkpoints save this variable (default true; a property of
-    /// this handle, not stored).
-    pub fn checkpoint(mut self, yes: bool) -> Self {
-        self.checkpoint = yes;
-        self
-    }
-
-    /// Where the servers are, and the layout settings (buckets, prefix).
-    pub fn config(mut self, config: RedisConfig) -> Self {
-        self.config = config;
-        self
-    }
-
-    /// Connects, and creates the variable's metadata if it does not exist
-    /// yet, or checks that the existing variable has this key type, dim,
-    /// bucket count, initializer and restrict policy
-    /// ([`Error::Mismatch`] otherwise).
-    pub fn build(self) -> Result<RedisVariable<K>> {
-        if self.dim == 0 || self.dim > dynemb::MAX_DIM {
-            return Err(Error::InvalidArgument(format!(
-                "variable {:?}: dim must be in 1..={}, got {}",
-                self.name,
-                dynemb::MAX_DIM,
-                self.dim
-            )));
-        }
-        if self.name.is_empty() || self.name.contains(['{', '}']) {
-            return Err(Error::InvalidArgument(format!(
-                "variable name {:?} must not be empty or contain {{ or }}",
-                self.name
-            )));
-        }
-        dynemb::check_name("variable name", &self.name)?;
-        self.initializer.validate(self.dim)?;
-        self.config.validate()?;
-        let cluster = Cluster::connect(&self.config)?;
-        let native =
-            self.config.use_module && cluster.every_node_serves(&scripts::native_commands())?;
-        let prefix = &self.config.prefix;
-        let store = format!("redis {prefix}:{}", self.name);
-        let meta = Meta::new(
-            K::TYPE_NAME,
-            self.dim,
-            self.config.buckets,
-            &self.initializer,
-            self.restrict_policy,
-        );
-        let meta_key = layout::meta_key(prefix, &self.name);
-        let mut open = script_cmd(&scripts::OPEN, &meta_key);
-        for (field, value) in meta.fields() {
-            open.arg(field).arg(value);
-        }
-        let reply = cluster
-            .run(&[Request::new(&meta_key, &open)])?
-            .pop()
-            .expect("one reply");
-        let slots = meta.check(&self.name, &store, reply)?;
-        let mut addrs = cluster.node_addrs();
-        addrs.sort();
-        let id = table_id(&format!("{}|{prefix}:{}", addrs.join(","), self.name));
-        Ok(RedisVariable {
-            inner: Arc::new(Inner {
-                id,
-                bucket_keys: (0..self.config.buckets)
-                    .map(|b| layout::bucket_key(prefix, &self.name, b))
-                    .collect(),
-                meta_key,
-                record_ttl_ms: u64::try_from(self.config.record_ttl().as_millis())
-                    .unwrap_or(u64::MAX)
-                    .max(1),
-                native,
-                store,
-                name: self.name,
-                dim: self.dim,
-                initializer: self.initializer,
-                policy: self.restrict_policy,
-                trainable: self.trainable,
-                checkpoint: self.checkpoint,
-                buckets: self.config.buckets,
-                cluster,
-                slots: RwLock::new(slots),
-            }),
-            _key: PhantomData,
-        })
-    }
+    Ok(())
 }
 
 /// The store id of the table `identity` (servers, prefix and name): the
@@ -283,54 +184,90 @@ pub(crate) fn script_cmd(script: &Lua, key: &[u8]) -> redis::Cmd {
     cmd
 }
 
-pub(crate) fn check_len(what: &'static str, expected: usize, actual: usize) -> Result<()> {
-    if expected == actual {
-        Ok(())
-    } else {
-        Err(Error::LengthMismatch {
-            what,
-            expected,
-            actual,
-        })
-    }
-}
-
-/// `keys * dim`, the length of a batch's row buffer.
-pub(crate) fn batch_len(keys: usize, dim: usize) -> Result<usize> {
-    keys.checked_mul(dim).ok_or_else(|| {
-        Error::InvalidArgument(format!(
-            "a batch of {keys} rows of {dim} values is too large"
-        ))
-    })
-}
-
-pub(crate) fn check_finite(what: &'static str, values: &[f32]) -> Result<()> {
-    match values.iter().position(|v| !v.is_finite()) {
-        None => Ok(()),
-        Some(index) => Err(Error::NonFinite {
-            what,
-            index,
-            value: values[index],
-        }),
-    }
-}
+pub(crate) use dynemb::checks::{batch_len, check_finite, check_len};
 
 impl<K: Key> RedisVariable<K> {
-    /// Starts building (opening) a variable called `name`: not empty,
-    /// without `{` or `}` (the buckets' hash tags), and at most
-    /// [`MAX_NAME_BYTES`](dynemb::MAX_NAME_BYTES) bytes long (checked by
-    /// [`build`](RedisVariableBuilder::build)).
-    pub fn builder(name: impl Into<String>) -> RedisVariableBuilder<K> {
-        RedisVariableBuilder {
-            name: name.into(),
-            dim: 1,
-            initializer: Initializer::Zeros,
-            restrict_policy: None,
-            trainable: true,
-            checkpoint: true,
-            config: RedisConfig::default(),
-            _key: PhantomData,
+    /// Opens the Redis table that `builder` describes, on the servers of
+    /// `config`: the same description a local [`Variable`](dynemb::Variable) is built from
+    /// (`Variable::builder("emb").dim(8)...`), so one description builds a
+    /// local table (`build()`) or opens a Redis one, as TFRA's
+    /// `kv_creator` does.
+    ///
+    /// Checks the settings first ([`TableOptions::check`], then what
+    /// Redis adds: a name that is not empty and has no `{` or `}`, the
+    /// buckets' hash tags, and [`RedisConfig::validate`]) and refuses,
+    /// with an [`Error::InvalidArgument`], a setting a Redis table cannot
+    /// honour: more than one shard (its keys are spread over
+    /// [`RedisConfig::buckets`] instead) or a [`Partitioner::Custom`].
+    /// [`init_size`](dynemb::VariableBuilder::init_size) is accepted and
+    /// unused (see the [crate docs](crate)). `trainable` and `checkpoint`
+    /// are properties of this handle, not stored.
+    ///
+    /// Then connects, and creates the variable's metadata if it does not
+    /// exist yet, or checks that the existing variable has this key type,
+    /// dim, bucket count, initializer and restrict policy
+    /// ([`Error::Mismatch`] otherwise).
+    pub fn open(builder: VariableBuilder<K>, config: RedisConfig) -> Result<RedisVariable<K>> {
+        let (name, options) = builder.into_parts();
+        options.check(&name)?;
+        check_redis_options(&name, &options)?;
+        config.validate()?;
+        let TableOptions {
+            dim,
+            initializer,
+            trainable,
+            checkpoint,
+            restrict_policy,
+            ..
+        } = options;
+        let cluster = Cluster::connect(&config)?;
+        let native = config.use_module && cluster.every_node_serves(&scripts::native_commands())?;
+        let prefix = &config.prefix;
+        let store = format!("redis {prefix}:{name}");
+        let meta = Meta::new(
+            K::TYPE_NAME,
+            dim,
+            config.buckets,
+            &initializer,
+            restrict_policy,
+        );
+        let meta_key = layout::meta_key(prefix, &name);
+        let mut open = script_cmd(&scripts::OPEN, &meta_key);
+        for (field, value) in meta.fields() {
+            open.arg(field).arg(value);
         }
+        let reply = cluster
+            .run(&[Request::new(&meta_key, &open)])?
+            .pop()
+            .expect("one reply");
+        let slots = meta.check(&name, &store, reply)?;
+        let mut addrs = cluster.node_addrs();
+        addrs.sort();
+        let id = table_id(&format!("{}|{prefix}:{name}", addrs.join(",")));
+        Ok(RedisVariable {
+            inner: Arc::new(Inner {
+                id,
+                bucket_keys: (0..config.buckets)
+                    .map(|b| layout::bucket_key(prefix, &name, b))
+                    .collect(),
+                meta_key,
+                record_ttl_ms: u64::try_from(config.record_ttl().as_millis())
+                    .unwrap_or(u64::MAX)
+                    .max(1),
+                native,
+                store,
+                name,
+                dim,
+                initializer,
+                policy: restrict_policy,
+                trainable,
+                checkpoint,
+                buckets: config.buckets,
+                cluster,
+                slots: RwLock::new(slots),
+            }),
+            _key: PhantomData,
+        })
     }
 
     /// The variable's name.

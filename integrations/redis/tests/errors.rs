@@ -3,19 +3,19 @@
 //! settings that cannot work. Results that would not be finite are refused
 //! per row, as on a local variable.
 
-mod support;
-
-use dynemb::{Error, Initializer, RestrictPolicy, SlotId};
+use dynemb::{Error, Initializer, Partitioner, RestrictPolicy, SlotId, Variable};
 use dynemb_redis::{RedisConfig, RedisVariable};
-use support::Server;
+use dynemb_test_support::servers::{absent_port, Server};
+use std::sync::Arc;
 
 fn open(server: &Server, name: &str) -> RedisVariable<i64> {
-    RedisVariable::<i64>::builder(name)
-        .dim(2)
-        .initializer(Initializer::Constant(1.0))
-        .config(server.config())
-        .build()
-        .unwrap()
+    RedisVariable::open(
+        Variable::<i64>::builder(name)
+            .dim(2)
+            .initializer(Initializer::Constant(1.0)),
+        server.config(),
+    )
+    .unwrap()
 }
 
 /// Every row and `m` slot of keys 1..=3, and the size.
@@ -30,7 +30,9 @@ fn state(var: &RedisVariable<i64>) -> (Vec<f32>, Vec<f32>, usize) {
 
 #[test]
 fn bad_input_is_an_error_that_changes_nothing() {
-    let server = Server::start();
+    let Some(server) = Server::start() else {
+        return;
+    };
     let var = open(&server, "emb");
     let other = open(&server, "other");
     var.upsert(&[1, 2], &[5.0; 4]).unwrap();
@@ -97,49 +99,85 @@ fn bad_input_is_an_error_that_changes_nothing() {
 
 #[test]
 fn settings_that_cannot_work_are_errors_at_open() {
-    let server = Server::start();
+    let Some(server) = Server::start() else {
+        return;
+    };
     let errors = [
-        RedisVariable::<i64>::builder("e")
-            .dim(0)
-            .config(server.config())
-            .build()
-            .unwrap_err(),
-        RedisVariable::<i64>::builder("a{b}")
-            .config(server.config())
-            .build()
-            .unwrap_err(),
+        RedisVariable::open(Variable::<i64>::builder("e").dim(0), server.config()).unwrap_err(),
+        RedisVariable::open(Variable::<i64>::builder("a{b}"), server.config()).unwrap_err(),
         // A name longer than a checkpoint may record: refused at open,
         // not at the first save.
-        RedisVariable::<i64>::builder("n".repeat(dynemb::MAX_NAME_BYTES + 1))
-            .config(server.config())
-            .build()
-            .unwrap_err(),
-        RedisVariable::<i64>::builder("e")
-            .dim(3)
-            .initializer(Initializer::Values(vec![1.0; 2]))
-            .config(server.config())
-            .build()
-            .unwrap_err(),
-        RedisVariable::<i64>::builder("e")
-            .config(RedisConfig {
+        RedisVariable::open(
+            Variable::<i64>::builder("n".repeat(dynemb::MAX_NAME_BYTES + 1)),
+            server.config(),
+        )
+        .unwrap_err(),
+        RedisVariable::open(
+            Variable::<i64>::builder("e")
+                .dim(3)
+                .initializer(Initializer::Values(vec![1.0; 2])),
+            server.config(),
+        )
+        .unwrap_err(),
+        RedisVariable::open(
+            Variable::<i64>::builder("e"),
+            RedisConfig {
                 buckets: 0,
                 ..server.config()
-            })
-            .build()
-            .unwrap_err(),
-        RedisVariable::<i64>::builder("e")
-            .config(RedisConfig::with_nodes(["no-port"]))
-            .build()
-            .unwrap_err(),
+            },
+        )
+        .unwrap_err(),
+        RedisVariable::open(
+            Variable::<i64>::builder("e"),
+            RedisConfig::with_nodes(["no-port"]),
+        )
+        .unwrap_err(),
     ];
     for err in errors {
         assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
     }
 }
 
+/// What a Redis table cannot honour is refused at open, before any
+/// server is asked (the config names a port nothing listens on): more
+/// than one shard and a custom partitioner, each with an error that says
+/// why; an empty name. A capacity hint is accepted (it reaches the
+/// servers, whose absence is then the error).
+#[test]
+fn settings_a_redis_table_cannot_honour_are_refused_before_connecting() {
+    let nowhere = RedisConfig::with_nodes([format!("127.0.0.1:{}", absent_port())]);
+    let refused =
+        |builder: dynemb::VariableBuilder<i64>| match RedisVariable::open(builder, nowhere.clone())
+            .unwrap_err()
+        {
+            Error::InvalidArgument(message) => message,
+            other => panic!("not refused as invalid: {other}"),
+        };
+    let shards = refused(Variable::builder("e").dim(2).shards(2));
+    assert!(
+        shards.contains("shards = 2") && shards.contains("RedisConfig::buckets"),
+        "{shards}"
+    );
+    let custom = refused(
+        Variable::builder("e")
+            .partitioner(Partitioner::Custom(Arc::new(|bits, n| bits as usize % n))),
+    );
+    assert!(custom.contains("custom partitioner"), "{custom}");
+    let empty = refused(Variable::builder(""));
+    assert!(empty.contains("must not be empty"), "{empty}");
+    // The checks every table's settings get, not duplicated here.
+    let dim = refused(Variable::builder("e").dim(dynemb::MAX_DIM + 1));
+    assert!(dim.contains("dim"), "{dim}");
+    let hint =
+        RedisVariable::open(Variable::<i64>::builder("e").init_size(1 << 20), nowhere).unwrap_err();
+    assert!(matches!(hint, Error::Backend { .. }), "{hint}");
+}
+
 #[test]
 fn results_that_are_not_finite_are_refused_per_row() {
-    let server = Server::start();
+    let Some(server) = Server::start() else {
+        return;
+    };
     let var = open(&server, "emb");
     var.upsert(&[1, 2], &[3e38, 1.0, 1.0, 1.0]).unwrap();
     let err = var
@@ -228,14 +266,17 @@ fn seen(var: &RedisVariable<i64>, keys: &[i64]) -> Seen {
 /// output buffer is untouched).
 #[test]
 fn each_checked_first_promise_fails_on_its_last_check_and_changes_nothing() {
-    let server = Server::start();
+    let Some(server) = Server::start() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
-    let var = RedisVariable::<i64>::builder("emb")
-        .dim(2)
-        .restrict_policy(RestrictPolicy::Frequency)
-        .config(server.config())
-        .build()
-        .unwrap();
+    let var = RedisVariable::open(
+        Variable::<i64>::builder("emb")
+            .dim(2)
+            .restrict_policy(RestrictPolicy::Frequency),
+        server.config(),
+    )
+    .unwrap();
     let keys = [1, 2, 3, 4];
     var.upsert(&[1, 2], &[5.0; 4]).unwrap();
     var.upsert(&[2], &[6.0; 2]).unwrap();
@@ -243,7 +284,7 @@ fn each_checked_first_promise_fails_on_its_last_check_and_changes_nothing() {
     var.update_rows(&[1], &[m], |_, _, slot| slot.fill(9.0))
         .unwrap();
     // A checkpoint with Timestamp scores and a slot the variable lacks.
-    let local = dynemb::Variable::<i64>::builder("emb")
+    let local = Variable::<i64>::builder("emb")
         .dim(2)
         .restrict_policy(RestrictPolicy::Timestamp)
         .build()
@@ -311,7 +352,7 @@ fn each_checked_first_promise_fails_on_its_last_check_and_changes_nothing() {
         var.create_slot(&format!("s{i}"), 0.0).unwrap();
     }
     let full = seen(&var, &keys);
-    let same_policy = dynemb::Variable::<i64>::builder("emb")
+    let same_policy = Variable::<i64>::builder("emb")
         .dim(2)
         .restrict_policy(RestrictPolicy::Frequency)
         .build()

@@ -3,13 +3,11 @@
 //! `Error::Backend` within the configured timeouts, never a hang, and the
 //! variable works again once the node is back, its data intact.
 
-mod support;
-
-use dynemb::{BackendErrorKind, Error, Initializer};
+use dynemb::{BackendErrorKind, Error, Initializer, Variable};
 use dynemb_optim::{ParamsAdam, SparseAdam, SparseOptimizer};
 use dynemb_redis::{RedisConfig, RedisVariable};
+use dynemb_test_support::servers::{Cluster, Server};
 use std::time::{Duration, Instant};
-use support::{Cluster, Server};
 
 const DIM: usize = 8;
 const CONNECT: Duration = Duration::from_millis(500);
@@ -57,13 +55,18 @@ fn step(var: &RedisVariable<i64>, opt: &SparseAdam, keys: &[i64]) -> dynemb::Res
 #[test]
 fn a_killed_node_fails_within_the_timeout_and_training_resumes_after_restart() {
     // Persistence on, so the killed node's rows survive its restart too.
-    let mut cluster = Cluster::start_with(3, &["--appendonly", "yes", "--appendfsync", "always"]);
-    let var = RedisVariable::<i64>::builder("emb")
-        .dim(DIM)
-        .initializer(Initializer::Constant(0.5))
-        .config(timeouts(cluster.config()))
-        .build()
-        .unwrap();
+    let Some(mut cluster) =
+        Cluster::start_with(3, &["--appendonly", "yes", "--appendfsync", "always"])
+    else {
+        return;
+    };
+    let var = RedisVariable::open(
+        Variable::<i64>::builder("emb")
+            .dim(DIM)
+            .initializer(Initializer::Constant(0.5)),
+        timeouts(cluster.config()),
+    )
+    .unwrap();
     let opt = SparseAdam::new(ParamsAdam::default()).unwrap();
     let keys: Vec<i64> = (0..500).collect();
     for _ in 0..3 {
@@ -111,12 +114,14 @@ fn a_killed_node_fails_within_the_timeout_and_training_resumes_after_restart() {
 
 #[test]
 fn a_frozen_server_times_out_and_works_again_when_thawed() {
-    let server = Server::start();
-    let var = RedisVariable::<i64>::builder("emb")
-        .dim(DIM)
-        .config(timeouts(server.config()))
-        .build()
-        .unwrap();
+    let Some(server) = Server::start() else {
+        return;
+    };
+    let var = RedisVariable::open(
+        Variable::<i64>::builder("emb").dim(DIM),
+        timeouts(server.config()),
+    )
+    .unwrap();
     var.upsert(&[1, 2], &[3.0; 2 * DIM]).unwrap();
     server.pause();
     let start = Instant::now();
@@ -136,13 +141,14 @@ fn a_frozen_server_times_out_and_works_again_when_thawed() {
 #[test]
 fn an_absent_server_is_an_error_at_open_within_the_connect_timeout() {
     // Not a port that a test running meanwhile may start its server on.
-    let port = support::absent_port();
+    let port = dynemb_test_support::servers::absent_port();
     for node in [format!("127.0.0.1:{port}"), format!("localhost:{port}")] {
         let start = Instant::now();
-        let err = RedisVariable::<i64>::builder("emb")
-            .config(timeouts(RedisConfig::with_nodes([node.clone()])))
-            .build()
-            .unwrap_err();
+        let err = RedisVariable::open(
+            Variable::<i64>::builder("emb"),
+            timeouts(RedisConfig::with_nodes([node.clone()])),
+        )
+        .unwrap_err();
         let took = start.elapsed();
         assert!(
             matches!(
@@ -157,60 +163,52 @@ fn an_absent_server_is_an_error_at_open_within_the_connect_timeout() {
 
 #[test]
 fn a_password_is_required_and_used() {
-    let server = Server::start_with(&["--requirepass", "s3cret"]);
-    let err = RedisVariable::<i64>::builder("emb")
-        .config(timeouts(server.config()))
-        .build()
+    let Some(server) = Server::start_with(&["--requirepass", "s3cret"]) else {
+        return;
+    };
+    let err = RedisVariable::open(Variable::<i64>::builder("emb"), timeouts(server.config()))
         .unwrap_err();
     assert_eq!(backend_kind(&err), BackendErrorKind::Server, "{err}");
-    let var = RedisVariable::<i64>::builder("emb")
-        .config(RedisConfig {
+    let var = RedisVariable::open(
+        Variable::<i64>::builder("emb"),
+        RedisConfig {
             password: Some("s3cret".into()),
             ..timeouts(server.config())
-        })
-        .build()
-        .unwrap();
+        },
+    )
+    .unwrap();
     var.upsert(&[1], &[2.0]).unwrap();
     assert_eq!(var.size().unwrap(), 1);
 }
 
 #[test]
 fn another_dim_or_key_type_is_a_mismatch_at_open() {
-    let server = Server::start();
-    RedisVariable::<i64>::builder("emb")
-        .dim(4)
-        .config(server.config())
-        .build()
-        .unwrap();
+    let Some(server) = Server::start() else {
+        return;
+    };
+    RedisVariable::open(Variable::<i64>::builder("emb").dim(4), server.config()).unwrap();
     for err in [
-        RedisVariable::<i64>::builder("emb")
-            .dim(5)
-            .config(server.config())
-            .build()
-            .unwrap_err(),
-        RedisVariable::<u32>::builder("emb")
-            .dim(4)
-            .config(server.config())
-            .build()
-            .unwrap_err(),
-        RedisVariable::<i64>::builder("emb")
-            .dim(4)
-            .initializer(Initializer::Constant(1.0))
-            .config(server.config())
-            .build()
-            .unwrap_err(),
+        RedisVariable::open(Variable::<i64>::builder("emb").dim(5), server.config()).unwrap_err(),
+        RedisVariable::open(Variable::<u32>::builder("emb").dim(4), server.config()).unwrap_err(),
+        RedisVariable::open(
+            Variable::<i64>::builder("emb")
+                .dim(4)
+                .initializer(Initializer::Constant(1.0)),
+            server.config(),
+        )
+        .unwrap_err(),
     ] {
         assert!(matches!(err, Error::Mismatch { .. }), "{err}");
     }
     // Another prefix is another model: no conflict.
-    RedisVariable::<i64>::builder("emb")
-        .dim(5)
-        .config(RedisConfig {
+    RedisVariable::open(
+        Variable::<i64>::builder("emb").dim(5),
+        RedisConfig {
             prefix: "model_v2".into(),
             ..server.config()
-        })
-        .build()
-        .unwrap();
+        },
+    )
+    .unwrap();
 }
 
 /// Bytes `server` has received from its clients.
@@ -231,28 +229,27 @@ fn net_input(server: &Server) -> u64 {
 /// whose deadline passes while its commands are built here sends nothing.
 #[test]
 fn a_call_whose_deadline_passes_while_it_is_built_sends_nothing() {
-    let server = Server::start();
+    let Some(server) = Server::start() else {
+        return;
+    };
     let config = RedisConfig {
         buckets: 4096,
         ..server.config()
     };
-    let roomy = RedisVariable::<i64>::builder("emb")
-        .dim(32)
-        .config(config.clone())
-        .build()
-        .unwrap();
+    let roomy =
+        RedisVariable::open(Variable::<i64>::builder("emb").dim(32), config.clone()).unwrap();
     // A 50 ms command timeout: opening may miss it on a loaded machine, so
     // it is tried until it succeeds.
     let tight = (0..200)
         .find_map(|_| {
-            RedisVariable::<i64>::builder("emb")
-                .dim(32)
-                .config(RedisConfig {
+            RedisVariable::open(
+                Variable::<i64>::builder("emb").dim(32),
+                RedisConfig {
                     command_timeout: Duration::from_millis(50),
                     ..config.clone()
-                })
-                .build()
-                .ok()
+                },
+            )
+            .ok()
         })
         .expect("a handle with a 50 ms command timeout opens");
     // Building this batch here takes longer than its 100 ms deadline

@@ -7,12 +7,10 @@
 //! may not call the module's commands uses the scripts. Their semantics
 //! under a variable are the other tests' (each runs under both forms).
 
-mod support;
-
-use dynemb::Initializer;
+use dynemb::{Initializer, Variable};
 use dynemb_redis::{RedisConfig, RedisVariable};
+use dynemb_test_support::servers::Server;
 use redis::Value;
-use support::Server;
 
 const BUCKET: &[u8] = b"t:emb:{0}";
 
@@ -45,7 +43,9 @@ fn bucket(conn: &mut redis::Connection) -> Vec<(Vec<u8>, Vec<u8>)> {
 
 #[test]
 fn malformed_calls_are_errors_and_change_nothing() {
-    let server = Server::start();
+    let Some(server) = Server::start_with_module() else {
+        return;
+    };
     let mut conn = server.connection();
     let stored = row(b"VERSION0", 1, &[1.0, 2.0]);
     let _: () = redis::cmd("HSET")
@@ -169,7 +169,9 @@ fn malformed_calls_are_errors_and_change_nothing() {
 
 #[test]
 fn records_are_read_by_either_form() {
-    let server = Server::start();
+    let Some(server) = Server::start_with_module() else {
+        return;
+    };
     let mut conn = server.connection();
     // A record a script wrote (`cmsgpack.pack` of its reply) answers the
     // module's command, which then changes nothing.
@@ -239,7 +241,9 @@ fn records_are_read_by_either_form() {
 
 #[test]
 fn over_maxmemory_a_resend_gets_its_record_and_a_new_write_changes_nothing() {
-    let server = Server::start();
+    let Some(server) = Server::start_with_module() else {
+        return;
+    };
     let mut conn = server.connection();
     let d = floats(&[1.0]);
     let args: [&[u8]; 7] = [b"f", b"", b"NEWVERS0", b"1", b"key", b"0", &d];
@@ -281,21 +285,24 @@ fn over_maxmemory_a_resend_gets_its_record_and_a_new_write_changes_nothing() {
 
 /// A variable opened as `user` (password `pw`) on `server`.
 fn open_as(server: &Server, user: &str, name: &str) -> RedisVariable<i64> {
-    RedisVariable::<i64>::builder(name)
-        .dim(2)
-        .initializer(Initializer::Zeros)
-        .config(RedisConfig {
+    RedisVariable::open(
+        Variable::<i64>::builder(name)
+            .dim(2)
+            .initializer(Initializer::Zeros),
+        RedisConfig {
             username: Some(user.into()),
             password: Some("pw".into()),
             ..server.config()
-        })
-        .build()
-        .unwrap()
+        },
+    )
+    .unwrap()
 }
 
 #[test]
 fn a_user_not_allowed_the_modules_commands_gets_the_scripts() {
-    let server = Server::start();
+    let Some(server) = Server::start_with_module() else {
+        return;
+    };
     let mut conn = server.connection();
     // Enough for the scripts, but no module command (in Redis 7.0 they
     // belong to no ACL category, so `+@write` does not grant them) and no
@@ -353,7 +360,9 @@ fn remove_below(
 
 #[test]
 fn restricts_commands_read_scores_prune_once_and_refuse_malformed_calls() {
-    let server = Server::start();
+    let Some(server) = Server::start_with_module() else {
+        return;
+    };
     let mut conn = server.connection();
     for (field, score) in [
         (&b"aaaaaaaa"[..], 1u64),

@@ -62,8 +62,7 @@ mod zipf;
 
 /// The Redis test servers of `dynemb-redis`, for the Redis parity test.
 #[cfg(test)]
-#[path = "../../../redis/tests/support/mod.rs"]
-mod redis_support;
+use dynemb_test_support::servers as redis_support;
 
 use config::{Command, Config, DataChoice, Environment, THREADS_VAR, USAGE};
 use criteo::Criteo;

@@ -1,12 +1,14 @@
-//! The model-based contract of an embedding store, shared by every store's
-//! tests: random sequences of every operation against a
-//! `HashMap<u64, Vec<f32>>` model that implements the contract of `API.md`
-//! (TFRA semantics). `core/tests/model.rs` runs it on `Variable`, and
-//! `dynemb-redis` runs it on `RedisVariable` (including this file by path);
-//! a store enters through the [`Subject`] and [`Maker`] traits.
+//! The model-based contract of an embedding table, run on every storage:
+//! random sequences of every operation of [`EmbeddingTable`] against a
+//! `HashMap<u64, Vec<f32>>` model of TFRA's semantics, and a second model
+//! of slots, scores and `restrict`. A storage enters through a [`Maker`]
+//! of its tables (any [`EmbeddingTable`]); `dynemb` runs it on `Variable`,
+//! `dynemb-redis` on `RedisVariable`.
 //!
+//! What the first model checks:
 //! - `lookup` / `lookup_with_exists` never insert; missing keys read the
-//!   initializer's row;
+//!   initializer's row (deterministic per key for a random initializer),
+//!   and `lookup_with_exists` flags exactly the present keys;
 //! - `lookup_or_insert` inserts missing keys with the initializer's row;
 //! - `upsert`: a key repeated in one batch, the last one wins;
 //! - `accum` (bp_v2): present && exists -> row += delta, absent && !exists ->
@@ -14,85 +16,84 @@
 //!   delta (the exists flags of one key are the same within a batch, as they
 //!   are when they come from `lookup_with_exists`);
 //! - `remove` ignores absent keys, `clear` empties everything;
-//! - `export` / `export_chunks` return every row exactly once.
+//! - `size` counts the rows, and a store with shards puts each key in the
+//!   shard its partitioner names ([`Maker::shard_sizes`]);
+//! - `export` / `export_chunks` return every row exactly once, chunks of
+//!   at most the size asked for.
 //!
-//! Values are small integers stored as f32 so every sum is exact. Local
-//! tables start with `init_size(1)` so they resize many times within a case.
-//! Key spaces are small so hits and misses both happen, and they include 0,
-//! MIN, MAX and negative keys. Shards and custom partitioners are
-//! `Variable`'s; a store without shards ignores them (its
-//! [`Subject::shard_size`] says `None`).
+//! Values are small integers stored as f32 so every sum is exact. Key
+//! spaces are small so hits and misses both happen, and they include 0,
+//! MIN, MAX and negative keys. Shards and custom partitioners are asked
+//! for in a [`Spec`]; a storage without shards ignores them (its
+//! [`Maker::shard_sizes`] says `None`).
 //!
-//! A second model (`slots_and_scores_*`) adds optimizer slots and a
-//! Frequency restrict policy: `create_slot` (a fixed set of names and initial
-//! values), `update_rows` with a deterministic integer update of the row and
-//! the listed slots, `lookup_slot`, `lookup_scores` and `restrict`, mixed
-//! with inserts, upserts, accumulations and removals. Scores are modelled
+//! The second model (`slots_and_scores_*`) adds optimizer slots and a
+//! Frequency restrict policy: `create_slot` (a fixed set of names and
+//! initial values: the same id again, slot names in creation order, each
+//! slot's initial value), `update_rows` with a deterministic integer update
+//! of the row and the listed slots (each position called once, with the
+//! row and slots as the model has them), `lookup_slot` (a slot not created
+//! yet is `Error::UnknownSlot`), `lookup_scores` and `restrict`, mixed with
+//! inserts, upserts, accumulations and removals. Scores are modelled
 //! exactly (an insert counts 1, every upsert, applied accumulation and
 //! update one per occurrence, reads nothing); for `restrict` the model
 //! checks the number removed and that no removed row scored above a kept
 //! one (ties at the boundary go either way), then follows the store.
-#![allow(dead_code)]
 
 use std::collections::HashMap;
 
-use dynemb::{Error, Initializer, Key, RestrictPolicy, Result, SlotId};
+use dynemb::{EmbeddingStore, EmbeddingTable, Error, Initializer, Key, RestrictPolicy, SlotId};
 use proptest::collection::vec;
 use proptest::prelude::*;
 
 // ---------------------------------------------------------------- the store
 
-/// A row update as `update_rows` takes it: `(position, values, slot rows)`.
-pub type RowUpdate<'a> = dyn FnMut(usize, &mut [f32], &mut [f32]) + 'a;
-
-/// What a store under test does: `Variable`'s operations, fallible where a
-/// remote store can fail.
-pub trait Subject<K: Key> {
-    fn lookup(&self, keys: &[K], out: &mut [f32]) -> Result<()>;
-    fn lookup_with_exists(&self, keys: &[K], out: &mut [f32], exists: &mut [bool]) -> Result<()>;
-    fn lookup_or_insert(&self, keys: &[K], out: &mut [f32]) -> Result<()>;
-    fn upsert(&self, keys: &[K], values: &[f32]) -> Result<()>;
-    fn accum(&self, keys: &[K], deltas: &[f32], exists: &[bool]) -> Result<()>;
-    fn remove(&self, keys: &[K]) -> Result<()>;
-    fn clear(&self) -> Result<()>;
-    fn size(&self) -> Result<usize>;
-    /// Rows in one shard; `None` for a store without shards.
-    fn shard_size(&self, shard: usize) -> Option<usize>;
-    fn export(&self) -> Result<(Vec<K>, Vec<f32>)>;
-    fn export_chunks(&self, rows_per_chunk: usize) -> Vec<Result<(Vec<K>, Vec<f32>)>>;
-    fn create_slot(&self, name: &str, initial: f32) -> Result<SlotId>;
-    fn slot_id(&self, name: &str) -> Result<SlotId>;
-    fn slot_names(&self) -> Result<Vec<String>>;
-    fn slot_initial(&self, slot: SlotId) -> Result<f32>;
-    fn lookup_slot(&self, slot: SlotId, keys: &[K], out: &mut [f32]) -> Result<()>;
-    fn lookup_scores(&self, keys: &[K], out: &mut [u64]) -> Result<()>;
-    fn update_rows(&self, keys: &[K], slots: &[SlotId], update: &mut RowUpdate<'_>) -> Result<()>;
-    fn restrict(&self, num_reserved: usize, trigger: usize) -> Result<usize>;
-}
-
-/// What a case asks of a new store.
+/// What a case asks of a new table.
 pub struct Spec {
-    /// Unique among the stores of one case.
+    /// Unique among the tables of one case.
     pub name: &'static str,
+    /// Values per row.
     pub dim: usize,
+    /// How rows of missing keys are made.
     pub initializer: Initializer,
+    /// The restrict policy (the slots-and-scores model asks for
+    /// [`RestrictPolicy::Frequency`]).
     pub policy: Option<RestrictPolicy>,
-    /// Shards (for stores that have them).
+    /// Shards (for storages that have them).
     pub shards: usize,
-    /// Whether to partition with [`custom_partition`] (for stores with
+    /// Whether to partition with [`custom_partition`] (for storages with
     /// shards).
     pub custom_partitioner: bool,
 }
 
-/// Makes empty stores for the cases.
+/// Makes empty tables of one storage for the cases.
 pub trait Maker {
-    fn make<K: TestKey>(&self, spec: Spec) -> Box<dyn Subject<K>>;
+    /// The storage's table of keys `K`.
+    type Table<K: TestKey>: EmbeddingTable<Key = K>;
+
+    /// A new, empty table as `spec` asks.
+    fn make<K: TestKey>(&self, spec: Spec) -> Self::Table<K>;
+
+    /// Rows in each shard of `table`, in shard order, for a storage with
+    /// shards (the model checks them against the partitioner); `None`,
+    /// the default, for one without.
+    fn shard_sizes<K: TestKey>(&self, table: &Self::Table<K>) -> Option<Vec<usize>> {
+        let _ = table;
+        None
+    }
+
+    /// Disposes of a table when its case ends (default: drops it); a
+    /// storage outside this process removes the table's data here.
+    fn discard<K: TestKey>(&self, table: Self::Table<K>) {
+        drop(table);
+    }
 }
 
 // ---------------------------------------------------------------- keys
 
 /// Maps a small index to a key of the type, edge values first.
 pub trait TestKey: Key + std::fmt::Display {
+    /// The `i`th key of the test key space (injective over `0..40`).
     fn nth(i: usize) -> Self;
     /// The key's numeric value (for the reference modulo partitioner).
     fn value(self) -> i128;
@@ -166,9 +167,12 @@ impl TestKey for u32 {
 
 // ---------------------------------------------------------------- cases
 
+/// The initializer of a case's tables.
 #[derive(Clone, Debug)]
 pub enum InitKind {
+    /// [`Initializer::Zeros`].
     Zeros,
+    /// [`Initializer::Constant`].
     Constant(i8),
     /// Integer-valued row derived from the seed.
     Values(u32),
@@ -177,6 +181,7 @@ pub enum InitKind {
     Uniform(u64),
 }
 
+/// The `exists` flags of an `accum`.
 #[derive(Clone, Debug)]
 pub enum Flags {
     /// The flags `lookup_with_exists` reports right before the accum.
@@ -185,20 +190,34 @@ pub enum Flags {
     Random(u64),
 }
 
+/// An operation of the first model, on keys given by their index in the
+/// key space ([`TestKey::nth`]); values and deltas seeded by the `u32`.
 #[derive(Clone, Debug)]
 pub enum Op {
+    /// `lookup`.
     Lookup(Vec<usize>),
+    /// `lookup_with_exists`.
     LookupWithExists(Vec<usize>),
+    /// `lookup_or_insert`.
     LookupOrInsert(Vec<usize>),
+    /// `upsert`.
     Upsert(Vec<usize>, u32),
+    /// `accum`.
     Accum(Vec<usize>, u32, Flags),
+    /// `remove`.
     Remove(Vec<usize>),
+    /// `clear`.
     Clear,
+    /// `export`.
     Export,
+    /// `export_chunks` of chunks of at most this many rows.
     ExportChunks(usize),
+    /// `size` (and the shards' sizes).
     Size,
 }
 
+/// A case of the first model: a key type, the tables' settings and the
+/// operations.
 #[derive(Clone, Debug)]
 pub struct Case {
     key_type: u8,
@@ -242,6 +261,8 @@ fn init_strategy() -> impl Strategy<Value = InitKind> {
     ]
 }
 
+/// Cases of the first model, on one shard or (`multi_shard`) 2 or 3 with
+/// the modulo or a custom partitioner.
 pub fn case_strategy(multi_shard: bool) -> impl Strategy<Value = Case> {
     let shards = if multi_shard {
         (2usize..=3).boxed()
@@ -286,15 +307,18 @@ fn small_int(seed: u32, r: usize, c: usize) -> f32 {
     x as f32 - 8.0
 }
 
+/// The custom partitioner a [`Spec`] may ask for: `(key bits, shards) ->
+/// shard`.
 pub fn custom_partition(bits: u64, n: usize) -> usize {
     (bits.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 59) as usize % n
 }
 
-struct Runner<K: TestKey> {
-    var: Box<dyn Subject<K>>,
+struct Runner<'m, M: Maker, K: TestKey> {
+    maker: &'m M,
+    var: M::Table<K>,
     /// Untouched variable with the same random initializer: its lookups give
     /// the initializer row of any key.
-    twin: Option<Box<dyn Subject<K>>>,
+    twin: Option<M::Table<K>>,
     init: InitKind,
     dim: usize,
     shards: usize,
@@ -303,8 +327,8 @@ struct Runner<K: TestKey> {
     model: HashMap<u64, Vec<f32>>,
 }
 
-impl<K: TestKey> Runner<K> {
-    fn new<M: Maker>(maker: &M, case: &Case) -> Self {
+impl<'m, M: Maker, K: TestKey> Runner<'m, M, K> {
+    fn new(maker: &'m M, case: &Case) -> Self {
         let make = |name: &'static str| {
             let initializer = match case.init {
                 InitKind::Zeros => Initializer::Zeros,
@@ -328,6 +352,7 @@ impl<K: TestKey> Runner<K> {
             })
         };
         Runner {
+            maker,
             var: make("model"),
             twin: matches!(case.init, InitKind::Uniform(_)).then(|| make("twin")),
             init: case.init.clone(),
@@ -391,16 +416,14 @@ impl<K: TestKey> Runner<K> {
 
     fn check_sizes(&self) {
         assert_eq!(self.var.size().unwrap(), self.model.len(), "size()");
-        if self.var.shard_size(0).is_none() {
+        let Some(sizes) = self.maker.shard_sizes(&self.var) else {
             return;
-        }
+        };
         let mut per_shard = vec![0usize; self.shards];
         for &bits in self.model.keys() {
             per_shard[self.shard_of(K::from_bits(bits))] += 1;
         }
-        for (s, &n) in per_shard.iter().enumerate() {
-            assert_eq!(self.var.shard_size(s), Some(n), "shard_size({s})");
-        }
+        assert_eq!(sizes, per_shard, "shard sizes");
     }
 
     fn check_export(&self) {
@@ -574,7 +597,7 @@ fn run_typed<K: TestKey, M: Maker>(maker: &M, case: &Case) {
         K::TYPE_NAME
     );
 
-    let mut runner = Runner::<K>::new(maker, case);
+    let mut runner = Runner::<M, K>::new(maker, case);
     for op in &case.ops {
         runner.apply(op);
     }
@@ -586,6 +609,10 @@ fn run_typed<K: TestKey, M: Maker>(maker: &M, case: &Case) {
     let mut out = vec![0.0; keys.len() * case.dim];
     runner.var.lookup(&keys, &mut out).unwrap();
     runner.assert_rows("final lookup", &keys, &out, &want);
+    maker.discard(runner.var);
+    if let Some(twin) = runner.twin {
+        maker.discard(twin);
+    }
 }
 
 /// Runs a case of the first model on stores from `maker`.
@@ -653,6 +680,8 @@ pub fn long_fixed_sequence<M: Maker>(maker: &M) {
 /// The slots a case may create: (name, initial value).
 const SLOTS: [(&str, f32); 3] = [("m", 0.0), ("v", 0.5), ("acc", -1.0)];
 
+/// An operation of the slots-and-scores model, on keys given by their
+/// index in the key space ([`TestKey::nth`]).
 #[derive(Clone, Debug)]
 pub enum SlotOp {
     /// Creates `SLOTS[i]` (again: the same id).
@@ -663,17 +692,26 @@ pub enum SlotOp {
     UpdateRows(Vec<usize>, u8, bool, u32),
     /// `lookup_slot` of `SLOTS[i]` (`UnknownSlot` if not created yet).
     LookupSlot(usize, Vec<usize>),
+    /// `lookup_scores`.
     LookupScores(Vec<usize>),
+    /// `lookup`.
     Lookup(Vec<usize>),
+    /// `lookup_or_insert`.
     LookupOrInsert(Vec<usize>),
+    /// `upsert`, values seeded by the `u32`.
     Upsert(Vec<usize>, u32),
+    /// `accum`, deltas seeded by the `u32`.
     Accum(Vec<usize>, u32, Flags),
+    /// `remove`.
     Remove(Vec<usize>),
     /// `restrict(num_reserved, trigger)`.
     Restrict(usize, usize),
+    /// `export`.
     Export,
 }
 
+/// A case of the slots-and-scores model: a key type, the table's settings
+/// and the operations.
 #[derive(Clone, Debug)]
 pub struct SlotCase {
     key_type: u8,
@@ -704,6 +742,7 @@ fn slot_op_strategy(n: usize) -> impl Strategy<Value = SlotOp> {
     ]
 }
 
+/// Cases of the slots-and-scores model, on 1 to 3 shards.
 pub fn slot_case_strategy() -> impl Strategy<Value = SlotCase> {
     (
         0u8..4,
@@ -759,8 +798,8 @@ struct ModelRow {
     score: u64,
 }
 
-struct SlotRunner<K: TestKey> {
-    var: Box<dyn Subject<K>>,
+struct SlotRunner<M: Maker, K: TestKey> {
+    var: M::Table<K>,
     dim: usize,
     init: f32,
     /// `SLOTS` indexes in creation order, with their ids.
@@ -768,8 +807,8 @@ struct SlotRunner<K: TestKey> {
     model: HashMap<u64, ModelRow>,
 }
 
-impl<K: TestKey> SlotRunner<K> {
-    fn new<M: Maker>(maker: &M, case: &SlotCase) -> Self {
+impl<M: Maker, K: TestKey> SlotRunner<M, K> {
+    fn new(maker: &M, case: &SlotCase) -> Self {
         SlotRunner {
             var: maker.make::<K>(Spec {
                 name: "slot_model",
@@ -910,7 +949,7 @@ impl<K: TestKey> SlotRunner<K> {
                 }
                 let mut calls = vec![0usize; keys.len()];
                 self.var
-                    .update_rows(&keys, &ids, &mut |pos, values, slots| {
+                    .update_rows(&keys, &ids, |pos, values, slots| {
                         calls[pos] += 1;
                         let (want_values, want_slots) = &expected_inputs[pos];
                         assert_eq!(values, &want_values[..], "update_rows input row #{pos}");
@@ -1067,11 +1106,12 @@ impl<K: TestKey> SlotRunner<K> {
 }
 
 fn run_slot_typed<K: TestKey, M: Maker>(maker: &M, case: &SlotCase) {
-    let mut runner = SlotRunner::<K>::new(maker, case);
+    let mut runner = SlotRunner::<M, K>::new(maker, case);
     for op in &case.ops {
         runner.apply(op);
     }
     runner.check_all();
+    maker.discard(runner.var);
 }
 
 /// Runs a case of the slots-and-scores model on a store from `maker`.

@@ -1,17 +1,77 @@
-//! Real Redis servers for the tests: `redis-server` processes on free
-//! loopback ports, each in a temporary directory of its own, stopped by
-//! PID when dropped. A single server, or a cluster of masters joined with
+//! Real Redis servers for tests: `redis-server` processes on free loopback
+//! ports, each in a temporary directory of its own, stopped by PID when
+//! dropped; a single server, or a cluster of masters joined with
 //! `redis-cli --cluster create`. No mocks.
 //!
-//! Every test binary includes this module (`mod support;`); not every one
-//! uses all of it.
-#![allow(dead_code)]
+//! A test that needs a program this machine lacks skips ([`crate::skip`]):
+//! [`Server::start`] and [`Cluster::start`] return `None` when
+//! `redis-server` (or, for a cluster, `redis-cli`) is not found, and
+//! [`Server::start_with_module`] and [`Form::available`] when
+//! `dynemb-redis-module` cannot be built (its bindings need libclang).
+//! The programs are the ones on `PATH`, or those named by
+//! [`REDIS_SERVER_VAR`] and [`REDIS_CLI_VAR`].
 
+use crate::skip::skip;
 use dynemb_redis::RedisConfig;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+/// The environment variable naming the `redis-server` program to run
+/// (default: `redis-server` on `PATH`).
+pub const REDIS_SERVER_VAR: &str = "DYNEMB_REDIS_SERVER";
+
+/// The environment variable naming the `redis-cli` program to run
+/// (default: `redis-cli` on `PATH`).
+pub const REDIS_CLI_VAR: &str = "DYNEMB_REDIS_CLI";
+
+/// How to install the Redis programs.
+const INSTALL_REDIS: &str = "sudo apt-get install redis-server";
+
+/// How to install what the module's build needs.
+const INSTALL_LIBCLANG: &str = "sudo apt-get install libclang-dev";
+
+/// `program` (or the one `var` names) if it runs here (`--version`
+/// succeeds), else why not.
+fn find(var: &str, program: &str) -> Result<PathBuf, String> {
+    let (path, missing) = match std::env::var_os(var) {
+        Some(path) => {
+            let path = PathBuf::from(path);
+            let missing = format!("{program} not found at {} ({var})", path.display());
+            (path, missing)
+        }
+        None => (PathBuf::from(program), format!("{program} not found")),
+    };
+    match Command::new(&path).arg("--version").output() {
+        Ok(out) if out.status.success() => Ok(path),
+        _ => Err(missing),
+    }
+}
+
+/// The `redis-server` program, or why it is missing.
+fn redis_server() -> &'static Result<PathBuf, String> {
+    static FOUND: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    FOUND.get_or_init(|| find(REDIS_SERVER_VAR, "redis-server"))
+}
+
+/// The `redis-cli` program, or why it is missing.
+fn redis_cli() -> &'static Result<PathBuf, String> {
+    static FOUND: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    FOUND.get_or_init(|| find(REDIS_CLI_VAR, "redis-cli"))
+}
+
+/// `found`'s program, or `None` after a [`skip`] saying it is missing.
+fn required(found: &'static Result<PathBuf, String>) -> Option<&'static Path> {
+    match found {
+        Ok(path) => Some(path),
+        Err(missing) => {
+            skip(missing, INSTALL_REDIS);
+            None
+        }
+    }
+}
 
 /// How long a server or a cluster may take to come up.
 const STARTUP: Duration = Duration::from_secs(30);
@@ -50,63 +110,107 @@ pub fn absent_port() -> u16 {
     port
 }
 
-/// `dynemb-redis-module`'s shared library, which every server loads (see
-/// [`Server::start_with`]): built once per test process with `cargo build
-/// --profile test -p dynemb-redis-module` into the target directory this
-/// test binary was built in (`cargo test` builds no `cdylib`; the test
-/// profile reuses the dependencies the tests built), so a test run needs
-/// nothing built by hand.
-pub fn module_path() -> PathBuf {
-    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    PATH.get_or_init(|| {
+/// `dynemb-redis-module`'s manifest: the module is a workspace of its
+/// own, outside the default build.
+const MODULE_MANIFEST: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../integrations/redis/module/Cargo.toml"
+);
+
+/// `dynemb-redis-module`'s shared library, built once per test process
+/// (`cargo build --release --manifest-path <module>/Cargo.toml`, its own
+/// lock file) into `redis-module/` under the target directory the test
+/// binary was built in, so that every test binary reuses one build and a
+/// test run needs nothing built by hand; or why it cannot be built here
+/// (no libclang). A build that fails for another reason fails the test.
+fn module_build() -> &'static Result<PathBuf, String> {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BUILT.get_or_init(|| {
         let exe = std::env::current_exe().expect("the test binary's path");
-        // <target>/<profile>/deps/<test binary>
+        // <target>/<profile>/deps/<test>, or <target>/<profile>/examples/<example>.
         let target = exe
             .ancestors()
             .nth(3)
-            .expect("the test binary lives in <target>/<profile>/deps");
+            .expect("the test binary lives in <target>/<profile>/<dir>")
+            .join("redis-module");
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let out = Command::new(cargo)
-            .args(["build", "--locked", "--quiet", "--profile", "test"])
-            .args(["-p", "dynemb-redis-module"])
+            .args([
+                "build",
+                "--locked",
+                "--quiet",
+                "--release",
+                "--manifest-path",
+            ])
+            .arg(MODULE_MANIFEST)
             .arg("--target-dir")
-            .arg(target)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .arg(&target)
             .output()
             .expect("cargo runs");
-        assert!(
-            out.status.success(),
-            "building dynemb-redis-module failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let path = target.join("debug").join("libdynemb_redis_module.so");
+        if !out.status.success() {
+            let log = String::from_utf8_lossy(&out.stderr);
+            if log.contains("libclang") {
+                return Err(
+                    "dynemb-redis-module cannot be built: its bindings need libclang, not found"
+                        .into(),
+                );
+            }
+            panic!("building dynemb-redis-module failed: {log}");
+        }
+        let path = target.join("release").join("libdynemb_redis_module.so");
         assert!(path.exists(), "{} was not built", path.display());
-        path
+        Ok(path)
     })
-    .clone()
+}
+
+/// `dynemb-redis-module`'s shared library, built if need be (see
+/// [`Server::start`]); `None` after a [`skip`] if it cannot be built here.
+pub fn module_path() -> Option<PathBuf> {
+    match module_build() {
+        Ok(path) => Some(path.clone()),
+        Err(missing) => {
+            skip(missing, INSTALL_LIBCLANG);
+            None
+        }
+    }
 }
 
 /// One `redis-server` process.
 pub struct Server {
+    program: &'static Path,
     port: u16,
     args: Vec<String>,
     dir: tempfile::TempDir,
     child: Option<Child>,
+    module: bool,
 }
 
 impl Server {
-    /// A server without persistence.
-    pub fn start() -> Server {
+    /// A server without persistence, loading `dynemb-redis-module` when
+    /// it can be built here ([`module_path`]; else variables on it run
+    /// their writes as Lua scripts, see [`Server::has_module`]); `None`
+    /// after a [`skip`] if `redis-server` is not found.
+    pub fn start() -> Option<Server> {
         Server::start_with(&[])
     }
 
-    /// A server without persistence and without `dynemb-redis-module`:
-    /// variables on it run their writes as Lua scripts.
-    pub fn start_without_module() -> Server {
-        Server::launch(&[], false)
+    /// [`Server::start`] for a test that needs the module: `None` after a
+    /// [`skip`] if it cannot be built here.
+    pub fn start_with_module() -> Option<Server> {
+        let program = required(redis_server())?;
+        let module = module_path()?;
+        Some(Server::launch(program, &[], Some(module)))
     }
 
-    /// A server with extra `redis-server` arguments.
+    /// A server without persistence and without `dynemb-redis-module`:
+    /// variables on it run their writes as Lua scripts. `None` after a
+    /// [`skip`] if `redis-server` is not found.
+    pub fn start_without_module() -> Option<Server> {
+        let program = required(redis_server())?;
+        Some(Server::launch(program, &[], None))
+    }
+
+    /// [`Server::start`] with extra `redis-server` arguments.
     ///
     /// The port is free when chosen but not held until `redis-server`
     /// binds it: meanwhile another test's connection may take it as its
@@ -114,15 +218,20 @@ impl Server {
     /// server exits (`Address already in use`) and the start is tried
     /// again on another port; a server that answers on the port but is
     /// not this one never counts as started (see [`Server::answers`]).
-    ///
-    /// The server loads `dynemb-redis-module` ([`module_path`]), so
-    /// variables use its commands unless their config says
-    /// `use_module: false` (see [`Form`]).
-    pub fn start_with(extra: &[&str]) -> Server {
-        Server::launch(extra, true)
+    pub fn start_with(extra: &[&str]) -> Option<Server> {
+        let program = required(redis_server())?;
+        let module = module_build().as_ref().ok().cloned();
+        Some(Server::launch(program, extra, module))
     }
 
-    fn launch(extra: &[&str], module: bool) -> Server {
+    /// Whether the server loaded `dynemb-redis-module`, so that variables
+    /// use its commands unless their config says `use_module: false` (see
+    /// [`Form`]).
+    pub fn has_module(&self) -> bool {
+        self.module
+    }
+
+    fn launch(program: &'static Path, extra: &[&str], module: Option<PathBuf>) -> Server {
         let mut attempt = 1;
         loop {
             // A directory of its own per attempt: nothing of a failed
@@ -146,16 +255,18 @@ impl Server {
             .iter()
             .map(|s| s.to_string())
             .collect();
-            if module {
+            if let Some(module) = &module {
                 args.push("--loadmodule".into());
-                args.push(module_path().to_str().unwrap().into());
+                args.push(module.to_str().unwrap().into());
             }
             args.extend(extra.iter().map(|s| s.to_string()));
             let mut server = Server {
+                program,
                 port,
                 args,
                 dir,
                 child: None,
+                module: module.is_some(),
             };
             match server.spawn() {
                 Ok(()) => return server,
@@ -172,13 +283,13 @@ impl Server {
     /// with its log if it exits first (its port was taken).
     fn spawn(&mut self) -> Result<(), String> {
         let log = std::fs::File::create(self.dir.path().join("server.log")).unwrap();
-        let child = Command::new("redis-server")
+        let child = Command::new(self.program)
             .args(&self.args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
-            .expect("redis-server is installed (apt-get install redis-server)");
+            .expect("redis-server starts");
         self.child = Some(child);
         let deadline = Instant::now() + STARTUP;
         loop {
@@ -336,18 +447,23 @@ impl Drop for Server {
 
 /// A Redis Cluster of masters without replicas.
 pub struct Cluster {
+    /// Its masters.
     pub servers: Vec<Server>,
 }
 
 impl Cluster {
     /// `masters` masters (at least 3, as `redis-cli --cluster create`
-    /// requires), joined, with every slot covered, `cluster_state:ok`.
-    pub fn start(masters: usize) -> Cluster {
+    /// requires), joined, with every slot covered, `cluster_state:ok`,
+    /// each loading `dynemb-redis-module` when it can be built (see
+    /// [`Server::start`]); `None` after a [`skip`] if `redis-server` or
+    /// `redis-cli` is not found.
+    pub fn start(masters: usize) -> Option<Cluster> {
         Cluster::start_with(masters, &[])
     }
 
     /// [`Cluster::start`] with extra `redis-server` arguments.
-    pub fn start_with(masters: usize, extra: &[&str]) -> Cluster {
+    pub fn start_with(masters: usize, extra: &[&str]) -> Option<Cluster> {
+        let cli = required(redis_cli())?;
         let mut args = vec![
             "--cluster-enabled",
             "yes",
@@ -357,8 +473,10 @@ impl Cluster {
             "1000",
         ];
         args.extend_from_slice(extra);
-        let servers: Vec<Server> = (0..masters).map(|_| Server::start_with(&args)).collect();
-        let mut create = Command::new("redis-cli");
+        let servers = (0..masters)
+            .map(|_| Server::start_with(&args))
+            .collect::<Option<Vec<Server>>>()?;
+        let mut create = Command::new(cli);
         create.arg("--cluster").arg("create");
         for s in &servers {
             create.arg(s.addr());
@@ -366,7 +484,7 @@ impl Cluster {
         let out = create
             .args(["--cluster-replicas", "0", "--cluster-yes"])
             .output()
-            .expect("redis-cli is installed");
+            .expect("redis-cli runs");
         assert!(
             out.status.success(),
             "redis-cli --cluster create failed: {}{}",
@@ -375,7 +493,7 @@ impl Cluster {
         );
         let cluster = Cluster { servers };
         cluster.wait_ok();
-        cluster
+        Some(cluster)
     }
 
     /// Waits until every node says `cluster_state:ok` and knows every
@@ -474,8 +592,21 @@ pub enum Form {
 }
 
 impl Form {
-    /// Both forms.
-    pub const BOTH: [Form; 2] = [Form::Module, Form::Lua];
+    /// The forms a test can run here: both, or only [`Form::Lua`] after a
+    /// [`skip`] of the module's if it cannot be built here.
+    pub fn available() -> Vec<Form> {
+        [Form::Module, Form::Lua]
+            .into_iter()
+            .filter(|form| form.is_available())
+            .collect()
+    }
+
+    /// Whether a test can run this form here: always for [`Form::Lua`];
+    /// for [`Form::Module`], whether the module can be built (`false`
+    /// after a [`skip`]). A server started afterwards loads it.
+    pub fn is_available(self) -> bool {
+        self == Form::Lua || module_path().is_some()
+    }
 
     /// `config` set to use this form.
     pub fn config(self, config: RedisConfig) -> RedisConfig {
