@@ -18,7 +18,7 @@
 //!   versioned write-back per bucket).
 //!
 //! The servers load `dynemb-redis-module` (built by the bench itself,
-//! `cargo build --release -p dynemb-redis-module`, see [`module_path`]),
+//! from its own workspace, `integrations/redis/module`; see [`module_path`]),
 //! and the passes run twice: with the module's native commands (the
 //! `dynemb-redis` column, which the ratios use) and with the Lua
 //! scripts (`use_module: false`, the `Lua` column), each on a table of its
@@ -231,9 +231,11 @@ fn free_port() -> std::io::Result<u16> {
     }
 }
 
-/// `dynemb-redis-module`'s shared library, built in release by `cargo
-/// build --release -p dynemb-redis-module` into the target directory the
-/// running binary was built in (`<target>/release/compare`).
+/// `dynemb-redis-module`'s shared library, built in release from its own
+/// workspace (`cargo build --release --manifest-path
+/// integrations/redis/module/Cargo.toml`) into `redis-module/` beside the
+/// profile directory the running binary was built in
+/// (`<target>/release/compare`).
 pub fn module_path() -> Result<PathBuf, String> {
     let exe = std::env::current_exe().map_err(|e| format!("the bench's path: {e}"))?;
     let target = exe
