@@ -5,7 +5,7 @@
 //! [`Error`] a caller can match on, naming the argument.
 
 use crate::raw::kernels::first_non_finite;
-use crate::{Error, Result};
+use crate::{Error, Result, SlotId, MAX_SLOTS};
 
 /// `Ok` if a buffer called `what` holds `expected` items, else
 /// [`Error::LengthMismatch`].
@@ -43,4 +43,39 @@ pub fn check_finite(what: &'static str, values: &[f32]) -> Result<()> {
             value: values[index],
         }),
     }
+}
+
+/// `Ok` if `slot` is a column of the table whose
+/// [`store_id`](crate::EmbeddingStore::store_id) is `store_id` (called
+/// `name`), else [`Error::InvalidArgument`].
+pub fn check_slot(store_id: u64, name: &str, slot: SlotId) -> Result<()> {
+    if slot.store_id() == store_id {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "slot {} belongs to another variable than {name:?}",
+            slot.index()
+        )))
+    }
+}
+
+/// `Ok` if every slot of `slots` is a column of the table `store_id`
+/// (called `name`; see [`check_slot`]), below [`MAX_SLOTS`], and listed
+/// once, as an `update_rows` call needs them; else
+/// [`Error::InvalidArgument`].
+pub fn check_slot_list(store_id: u64, name: &str, slots: &[SlotId]) -> Result<()> {
+    let mut seen = [false; MAX_SLOTS];
+    for &slot in slots {
+        check_slot(store_id, name, slot)?;
+        let listed = seen.get_mut(slot.index()).ok_or_else(|| {
+            Error::InvalidArgument(format!("variable {name:?} has no slot {}", slot.index()))
+        })?;
+        if std::mem::replace(listed, true) {
+            return Err(Error::InvalidArgument(format!(
+                "slot {} is given more than once",
+                slot.index()
+            )));
+        }
+    }
+    Ok(())
 }

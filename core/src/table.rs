@@ -139,9 +139,6 @@ impl<K: Key> EmbeddingTable for Variable<K> {
     ) -> impl Iterator<Item = Result<(Vec<K>, Vec<f32>)>> + '_ {
         Variable::export_chunks(self, rows_per_chunk)
     }
-    fn export(&self) -> Result<(Vec<K>, Vec<f32>)> {
-        Variable::export(self)
-    }
     fn slot_names(&self) -> Result<Vec<String>> {
         Ok(Variable::slot_names(self))
     }

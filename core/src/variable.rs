@@ -56,7 +56,7 @@
 //! is in flight.
 
 use crate::checkpoint;
-use crate::checks::{batch_len, check_finite, check_len};
+use crate::checks::{batch_len, check_finite, check_len, check_slot_list};
 use crate::raw::kernels::first_non_finite;
 use crate::raw::{ExportColumns, ExportedRows, Positions, Table};
 use crate::{
@@ -103,6 +103,7 @@ impl SlotId {
 
 /// A dynamic embedding table: rows of `dim` `f32`s keyed by `K`, sharded,
 /// growing as keys arrive. Clones share the same tables.
+#[derive(Clone)]
 pub struct Variable<K: Key> {
     inner: Arc<Inner>,
     _key: PhantomData<fn() -> K>,
@@ -119,15 +120,6 @@ struct Inner {
     checkpoint: bool,
     /// Slot names, in slot index order (every shard has these columns).
     slots: RwLock<Vec<String>>,
-}
-
-impl<K: Key> Clone for Variable<K> {
-    fn clone(&self) -> Self {
-        Variable {
-            inner: Arc::clone(&self.inner),
-            _key: PhantomData,
-        }
-    }
 }
 
 impl<K: Key> std::fmt::Debug for Variable<K> {
@@ -464,14 +456,7 @@ impl<K: Key> Variable<K> {
     /// Every key and its row (`dim` values per key, in the same order); order
     /// unspecified.
     pub fn export(&self) -> Result<(Vec<K>, Vec<f32>)> {
-        let mut keys = Vec::with_capacity(self.size());
-        let mut values = Vec::with_capacity(self.size() * self.dim());
-        for chunk in self.export_chunks(1 << 16) {
-            let (k, v) = chunk?;
-            keys.extend(k);
-            values.extend(v);
-        }
-        Ok((keys, values))
+        crate::EmbeddingTable::export(self)
     }
 
     /// Streams every key and row in chunks of at most `rows_per_chunk` rows,
@@ -678,15 +663,7 @@ impl<K: Key> Variable<K> {
 
     /// Checks that `slot` belongs to this variable.
     fn check_slot(&self, slot: SlotId) -> Result<()> {
-        if slot.variable == self.inner.id {
-            Ok(())
-        } else {
-            Err(Error::InvalidArgument(format!(
-                "slot {} belongs to another variable than {:?}",
-                slot.index,
-                self.name()
-            )))
-        }
+        crate::checks::check_slot(self.inner.id, self.name(), slot)
     }
 
     /// Copies `slot`'s rows of `keys` into `out` (`keys.len() * dim`
@@ -737,18 +714,7 @@ impl<K: Key> Variable<K> {
         slots: &[SlotId],
         mut update: impl FnMut(usize, &mut [f32], &mut [f32]),
     ) -> Result<()> {
-        let mut seen = [false; crate::MAX_SLOTS];
-        for &slot in slots {
-            self.check_slot(slot)?;
-            // Checked here, not only by each shard's table: an empty batch
-            // (or share) is refused too, whatever the shard count.
-            if std::mem::replace(&mut seen[slot.index], true) {
-                return Err(Error::InvalidArgument(format!(
-                    "slot {} is given more than once",
-                    slot.index
-                )));
-            }
-        }
+        check_slot_list(self.inner.id, self.name(), slots)?;
         let slot_indexes: Vec<usize> = slots.iter().map(|s| s.index).collect();
         let init = &self.inner.initializer;
         let mut refused = Refused::default();

@@ -331,6 +331,22 @@ fn a_slot_of_another_variable_is_an_error_that_changes_nothing() {
     assert_eq!(clone.slot_initial(a_slot), Ok(1.0));
 }
 
+/// A `SlotId` made by hand with this variable's id but an index past
+/// `MAX_SLOTS` is refused, not an out-of-bounds panic.
+#[test]
+fn a_slot_index_past_max_slots_is_an_error_not_a_panic() {
+    use dynemb::{EmbeddingStore, SlotId, MAX_SLOTS};
+    let v = Variable::<u64>::builder("far").dim(2).build().unwrap();
+    v.upsert(&[1], &[1.0; 2]).unwrap();
+    let before = rows(&v);
+    let far = SlotId::new(v.store_id(), MAX_SLOTS + 5);
+    let mut called = false;
+    let r = v.update_rows(&[1], &[far], |_, _, _| called = true);
+    assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+    assert!(!called);
+    assert_eq!(rows(&v), before);
+}
+
 #[test]
 fn a_repeated_slot_in_update_rows_changes_nothing() {
     let v = Variable::<u64>::builder("repeat")

@@ -262,14 +262,7 @@ impl<K: Key> RedisVariable<K> {
     /// order unspecified. Holds the whole table in memory:
     /// [`RedisVariable::export_chunks`] streams it.
     pub fn export(&self) -> Result<(Vec<K>, Vec<f32>)> {
-        let mut keys = Vec::new();
-        let mut values = Vec::new();
-        for chunk in self.export_chunks(1 << 16) {
-            let (k, v) = chunk?;
-            keys.extend(k);
-            values.extend(v);
-        }
-        Ok((keys, values))
+        dynemb::EmbeddingTable::export(self)
     }
 
     /// Streams every key and row in chunks of at most `rows_per_chunk`

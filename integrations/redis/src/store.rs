@@ -97,9 +97,6 @@ impl<K: Key> EmbeddingTable for RedisVariable<K> {
     ) -> impl Iterator<Item = Result<(Vec<K>, Vec<f32>)>> + '_ {
         RedisVariable::export_chunks(self, rows_per_chunk)
     }
-    fn export(&self) -> Result<(Vec<K>, Vec<f32>)> {
-        RedisVariable::export(self)
-    }
     fn slot_names(&self) -> Result<Vec<String>> {
         RedisVariable::slot_names(self)
     }

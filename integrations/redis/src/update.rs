@@ -170,23 +170,7 @@ impl<K: Key> RedisVariable<K> {
         slots: &[SlotId],
         mut update: impl FnMut(usize, &mut [f32], &mut [f32]),
     ) -> Result<()> {
-        let mut seen = [false; dynemb::MAX_SLOTS];
-        for &slot in slots {
-            self.check_slot(slot)?;
-            if slot.index() >= dynemb::MAX_SLOTS {
-                return Err(Error::InvalidArgument(format!(
-                    "variable {:?} has no slot {}",
-                    self.name(),
-                    slot.index()
-                )));
-            }
-            if std::mem::replace(&mut seen[slot.index()], true) {
-                return Err(Error::InvalidArgument(format!(
-                    "slot {} is given more than once",
-                    slot.index()
-                )));
-            }
-        }
+        dynemb::checks::check_slot_list(self.store_id(), self.name(), slots)?;
         let top = slots.iter().map(|s| s.index()).max();
         let initials: Vec<f32> = match top {
             Some(top) => self.slots_through(top)?[..=top]

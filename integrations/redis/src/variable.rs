@@ -61,6 +61,7 @@ use std::time::Instant;
 /// leave it; a timestamp is taken once per batch from the process's clock
 /// ([`dynemb::restrict::next_timestamp`]), so processes on machines with
 /// skewed clocks stamp accordingly.
+#[derive(Clone)]
 pub struct RedisVariable<K: Key> {
     pub(crate) inner: Arc<Inner>,
     _key: PhantomData<fn() -> K>,
@@ -90,15 +91,6 @@ pub(crate) struct Inner {
     /// Slot names and initial values by index, as last read from the
     /// metadata (slots are only ever appended).
     pub slots: RwLock<Vec<(String, f32)>>,
-}
-
-impl<K: Key> Clone for RedisVariable<K> {
-    fn clone(&self) -> Self {
-        RedisVariable {
-            inner: Arc::clone(&self.inner),
-            _key: PhantomData,
-        }
-    }
 }
 
 impl<K: Key> std::fmt::Debug for RedisVariable<K> {
@@ -857,14 +849,6 @@ impl<K: Key> RedisVariable<K> {
 
     /// Checks that `slot` belongs to this table.
     pub(crate) fn check_slot(&self, slot: SlotId) -> Result<()> {
-        if slot.store_id() == self.inner.id {
-            Ok(())
-        } else {
-            Err(Error::InvalidArgument(format!(
-                "slot {} belongs to another variable than {:?}",
-                slot.index(),
-                self.name()
-            )))
-        }
+        dynemb::checks::check_slot(self.inner.id, self.name(), slot)
     }
 }
