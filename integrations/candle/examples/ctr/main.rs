@@ -65,7 +65,7 @@ mod zipf;
 #[path = "../../../redis/tests/support/mod.rs"]
 mod redis_support;
 
-use config::{Command, Config, DataChoice, Environment, THREADS_VAR, USAGE};
+use config::{Config, DataChoice, Environment, THREADS_VAR};
 use criteo::Criteo;
 use data::{Synthetic, SyntheticConfig};
 use source::DataSource;
@@ -83,17 +83,13 @@ fn main() -> ExitCode {
     }
 }
 
-/// Parses the flags, sizes candle's thread pool and runs ([`run::execute`]).
+/// Parses the flags (clap prints `--help` or a refusal and exits), sizes
+/// candle's thread pool and runs ([`run::execute`]).
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let run_started = Instant::now();
+    let config = Config::try_parse_from(std::env::args_os(), &Environment::current())
+        .unwrap_or_else(|error| error.exit());
     let mut out = std::io::stdout().lock();
-    let config = match Config::parse(std::env::args().skip(1), &Environment::current())? {
-        Command::Help => {
-            write!(out, "{USAGE}")?;
-            return Ok(());
-        }
-        Command::Run(config) => *config,
-    };
     std::env::set_var(THREADS_VAR, config.threads.to_string());
     writeln!(out, "{config}")?;
     writeln!(

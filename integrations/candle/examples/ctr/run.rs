@@ -632,7 +632,7 @@ fn progress_bar(batches: u64, done: u64, epoch: usize) -> ProgressBar {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Command, Environment};
+    use crate::config::Environment;
     use crate::data::{Synthetic, SyntheticConfig};
     use std::cell::RefCell;
     use std::rc::Rc;
@@ -663,10 +663,8 @@ mod tests {
             rayon_threads: None,
             cores: 1,
         };
-        match Config::parse(args.iter().map(|a| a.to_string()), &env) {
-            Ok(Command::Run(config)) => *config,
-            other => panic!("{args:?} gave {other:?}"),
-        }
+        Config::try_parse_from(std::iter::once("ctr").chain(args.iter().copied()), &env)
+            .unwrap_or_else(|error| panic!("{args:?} gave {error}"))
     }
 
     /// A data source that records the batches training reads, and can
