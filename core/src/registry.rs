@@ -400,7 +400,7 @@ impl Registry {
                     return Err(Error::AlreadyExists { name });
                 }
                 let existing = &entry.variable;
-                let dim = builder.requested_dim();
+                let dim = builder.table_options().dim;
                 if existing.key_type() != K::TYPE_NAME || existing.dim() != dim {
                     return Err(Error::Mismatch {
                         name,

@@ -56,15 +56,15 @@
 //! is in flight.
 
 use crate::checkpoint;
+use crate::checks::{batch_len, check_finite, check_len};
 use crate::raw::kernels::first_non_finite;
 use crate::raw::{ExportColumns, ExportedRows, Positions, Table};
-use crate::{Error, Initializer, Key, Partitioner, RestrictPolicy, Result};
+use crate::{
+    Error, Initializer, Key, Partitioner, RestrictPolicy, Result, TableOptions, VariableBuilder,
+};
 use std::marker::PhantomData;
 use std::path::Path;
 use std::sync::{Arc, PoisonError, RwLock};
-
-/// Most shards a variable may have.
-pub const MAX_SHARDS: usize = 1 << 16;
 
 /// Rows one step of a scan over a shard (restrict, export) reads at a time.
 const SCAN_CHUNK: usize = 1 << 16;
@@ -142,194 +142,12 @@ impl<K: Key> std::fmt::Debug for Variable<K> {
     }
 }
 
-/// Settings of a [`Variable`] to build. Defaults: dim 1, one shard,
-/// [`Partitioner::Modulo`], [`Initializer::Zeros`], trainable, checkpointed,
-/// no restrict policy.
-#[derive(Debug, Clone)]
-pub struct VariableBuilder<K: Key> {
-    name: String,
-    dim: usize,
-    shards: usize,
-    partitioner: Partitioner,
-    initializer: Initializer,
-    init_size: usize,
-    trainable: bool,
-    checkpoint: bool,
-    restrict_policy: Option<RestrictPolicy>,
-    _key: PhantomData<fn() -> K>,
-}
-
-impl<K: Key> VariableBuilder<K> {
-    /// Values per row (default 1; 0 or more than [`MAX_DIM`](crate::MAX_DIM)
-    /// is an error at build).
-    pub fn dim(mut self, dim: usize) -> Self {
-        self.dim = dim;
-        self
-    }
-
-    /// Number of shards, TFRA's `devices` (default 1; 0 or more than
-    /// [`MAX_SHARDS`] is an error at build).
-    pub fn shards(mut self, shards: usize) -> Self {
-        self.shards = shards;
-        self
-    }
-
-    /// How keys are spread over shards (default [`Partitioner::Modulo`]).
-    pub fn partitioner(mut self, partitioner: Partitioner) -> Self {
-        self.partitioner = partitioner;
-        self
-    }
-
-    /// How rows of missing keys are made (default [`Initializer::Zeros`]).
-    pub fn initializer(mut self, initializer: Initializer) -> Self {
-        self.initializer = initializer;
-        self
-    }
-
-    /// Capacity hint in rows, split across shards: the tables do not grow
-    /// before holding about this many keys. Only their indexes are sized
-    /// ahead (about 20 bytes per row, as address space the system backs as
-    /// keys arrive); rows are allocated as keys arrive. More rows than a
-    /// shard can hold is [`Error::CapacityExceeded`] at build, an index
-    /// larger than the system will map [`Error::OutOfMemory`].
-    pub fn init_size(mut self, rows: usize) -> Self {
-        self.init_size = rows;
-        self
-    }
-
-    /// Whether optimizers train this variable (default true).
-    pub fn trainable(mut self, yes: bool) -> Self {
-        self.trainable = yes;
-        self
-    }
-
-    /// Whether checkpoints save this variable (default true).
-    pub fn checkpoint(mut self, yes: bool) -> Self {
-        self.checkpoint = yes;
-        self
-    }
-
-    /// Keeps a score per row for `policy`, so that [`Variable::restrict`]
-    /// can remove the least recently or least often written rows (default:
-    /// none, and no score is kept).
-    pub fn restrict_policy(mut self, policy: RestrictPolicy) -> Self {
-        self.restrict_policy = Some(policy);
-        self
-    }
-
-    /// The variable's name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// Checks the settings (the name is at most
-    /// [`MAX_NAME_BYTES`](crate::MAX_NAME_BYTES) bytes long, `dim` and
-    /// `shards` in range, the initializer fits `dim`) and creates the
-    /// variable's tables.
-    pub fn build(self) -> Result<Variable<K>> {
-        crate::check_name("variable name", &self.name)?;
-        if self.dim == 0 {
-            return Err(Error::InvalidArgument(format!(
-                "variable {:?}: dim must be at least 1, got 0",
-                self.name
-            )));
-        }
-        if !(1..=MAX_SHARDS).contains(&self.shards) {
-            return Err(Error::InvalidArgument(format!(
-                "variable {:?}: shards must be in 1..={MAX_SHARDS}, got {}",
-                self.name, self.shards
-            )));
-        }
-        self.initializer.validate(self.dim)?;
-        let per_shard = self.init_size.div_ceil(self.shards);
-        let shards = (0..self.shards)
-            .map(|_| Table::with_restrict_policy(self.dim, per_shard, self.restrict_policy))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Variable {
-            inner: Arc::new(Inner {
-                id: crate::new_store_id(),
-                slots: RwLock::new(Vec::new()),
-                name: self.name,
-                dim: self.dim,
-                shards,
-                partitioner: self.partitioner,
-                initializer: self.initializer,
-                trainable: self.trainable,
-                checkpoint: self.checkpoint,
-            }),
-            _key: PhantomData,
-        })
-    }
-}
-
-/// Crate-internal access for the [`Registry`](crate::Registry), which scopes
-/// names and hands builders of every key type to custom getters behind one
-/// type-erased request.
-impl<K: Key> VariableBuilder<K> {
-    /// Renames the variable to build (the registry prefixes scope names).
-    pub(crate) fn set_name(&mut self, name: String) {
-        self.name = name;
-    }
-
-    /// The requested values per row.
-    pub(crate) fn requested_dim(&self) -> usize {
-        self.dim
-    }
-
-    /// Whether the variable to build is trainable.
-    pub(crate) fn is_trainable(&self) -> bool {
-        self.trainable
-    }
-
-    /// Whether the variable to build is checkpointed.
-    pub(crate) fn is_checkpointed(&self) -> bool {
-        self.checkpoint
-    }
-
-    /// The same settings for another key type (no setting depends on it).
-    pub(crate) fn cast<K2: Key>(self) -> VariableBuilder<K2> {
-        VariableBuilder {
-            name: self.name,
-            dim: self.dim,
-            shards: self.shards,
-            partitioner: self.partitioner,
-            initializer: self.initializer,
-            init_size: self.init_size,
-            trainable: self.trainable,
-            checkpoint: self.checkpoint,
-            restrict_policy: self.restrict_policy,
-            _key: PhantomData,
-        }
-    }
-}
-
 /// A batch's keys as bits, split by shard.
 enum Split {
     /// One shard: every key, in batch order.
     One(Vec<u64>),
     /// Per shard: its keys and their positions in the batch.
     Many(Vec<(Vec<u64>, Vec<u32>)>),
-}
-
-fn check_len(what: &'static str, expected: usize, actual: usize) -> Result<()> {
-    if expected == actual {
-        Ok(())
-    } else {
-        Err(Error::LengthMismatch {
-            what,
-            expected,
-            actual,
-        })
-    }
-}
-
-/// `keys * dim`, the length of a batch's row buffer.
-fn batch_len(keys: usize, dim: usize) -> Result<usize> {
-    keys.checked_mul(dim).ok_or_else(|| {
-        Error::InvalidArgument(format!(
-            "a batch of {keys} rows of {dim} values is too large"
-        ))
-    })
 }
 
 /// The first row of a batch (by position in `keys`) that a write refused
@@ -357,17 +175,6 @@ impl Refused {
     }
 }
 
-fn check_finite(what: &'static str, values: &[f32]) -> Result<()> {
-    match first_non_finite(values) {
-        None => Ok(()),
-        Some(index) => Err(Error::NonFinite {
-            what,
-            index,
-            value: values[index],
-        }),
-    }
-}
-
 impl<K: Key> Variable<K> {
     /// The id of the table behind this handle (shared by its clones,
     /// unique in the process): [`EmbeddingStore::store_id`](crate::EmbeddingStore::store_id).
@@ -375,20 +182,33 @@ impl<K: Key> Variable<K> {
         self.inner.id
     }
 
-    /// Starts building a variable called `name`.
-    pub fn builder(name: impl Into<String>) -> VariableBuilder<K> {
-        VariableBuilder {
-            name: name.into(),
-            dim: 1,
-            shards: 1,
-            partitioner: Partitioner::Modulo,
-            initializer: Initializer::Zeros,
-            init_size: 0,
-            trainable: true,
-            checkpoint: true,
-            restrict_policy: None,
+    /// Creates the tables of a variable called `name` with `options`, which
+    /// [`TableOptions::check`] has accepted.
+    pub(crate) fn from_options(name: String, options: TableOptions) -> Result<Variable<K>> {
+        let per_shard = options.init_size.div_ceil(options.shards);
+        let shards = (0..options.shards)
+            .map(|_| Table::with_restrict_policy(options.dim, per_shard, options.restrict_policy))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Variable {
+            inner: Arc::new(Inner {
+                id: crate::new_store_id(),
+                slots: RwLock::new(Vec::new()),
+                name,
+                dim: options.dim,
+                shards,
+                partitioner: options.partitioner,
+                initializer: options.initializer,
+                trainable: options.trainable,
+                checkpoint: options.checkpoint,
+            }),
             _key: PhantomData,
-        }
+        })
+    }
+
+    /// Starts building a variable called `name`, with
+    /// [`TableOptions::default`].
+    pub fn builder(name: impl Into<String>) -> VariableBuilder<K> {
+        VariableBuilder::new(name.into(), TableOptions::default())
     }
 
     /// The variable's name.
@@ -1051,8 +871,8 @@ impl<K: Key> Variable<K> {
     /// what those keys occupy: at most one 2 MiB page per key in each of its
     /// index's two arrays (their pages are backed as keys are written into
     /// them), plus their rows. An upper bound of the resident memory, exact
-    /// for rows; see [`Table::memory_bytes`] for the details. Not counted:
-    /// the variable's own small structures and a retired index not yet freed.
+    /// for rows. Not counted: the variable's own small structures and a
+    /// retired index not yet freed.
     pub fn memory_bytes(&self) -> usize {
         self.inner.shards.iter().map(Table::memory_bytes).sum()
     }

@@ -1,5 +1,5 @@
-//! Integration tests of the public `Variable` API against the contract in
-//! `API.md` (TFRA `dynamic_embedding` semantics): every operation, every
+//! Integration tests of the public `Variable` API against its documented
+//! contract (TFRA `dynamic_embedding` semantics): every operation, every
 //! initializer, the bp_v2 `accum` truth table, partitioning, export and the
 //! typed errors for every mistake a caller can make.
 

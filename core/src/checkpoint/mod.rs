@@ -1,4 +1,7 @@
-//! Checkpoints: saving a variable to a directory and reading it back.
+//! Checkpoints: saving a variable to a directory and reading it back. A
+//! save killed at any moment leaves a restore the old checkpoint or the new
+//! one, whole, and a restore or load checks all of it before the variable
+//! changes.
 //!
 //! # Format
 //!
@@ -59,7 +62,7 @@
 //! Both first read and check the whole checkpoint (index, sizes, checksums,
 //! tensor names, dtypes and shapes, key type and dim against the variable,
 //! finite values, every key's shard under the variable's partitioner,
-//! timestamps no more than a day ahead of this machine's clock) and return
+//! timestamps no more than a day ahead of the local clock) and return
 //! an error before touching the variable if anything is wrong. Then
 //! `restore` clears the variable and inserts the saved rows, while `load`
 //! upserts them into what is there; other threads writing meanwhile see the
@@ -474,7 +477,7 @@ fn check_distinct_files(dir: &Path, manifest: &Manifest) -> Result<()> {
     Ok(())
 }
 
-/// Timestamps further ahead of this machine's clock than this are refused:
+/// Timestamps further ahead of the local clock than this are refused:
 /// a clock that far off, or a corrupt score, would stall every later stamp.
 const MAX_CLOCK_AHEAD_NS: u64 = 24 * 3600 * 1_000_000_000;
 

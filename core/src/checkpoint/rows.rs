@@ -12,6 +12,7 @@
 use super::files::{self, FileRows, KeyCodec};
 use super::manifest::{Manifest, SlotEntry, FORMAT, VERSION};
 use super::{for_each_file, save_with, verify_with, FilesWriter, Verified};
+use crate::checks::check_len;
 use crate::restrict::observe_timestamp;
 use crate::{Error, Key, RestrictPolicy, Result};
 use std::marker::PhantomData;
@@ -90,24 +91,13 @@ fn check_rows<K>(info: &TableInfo, rows: &Rows<K>) -> Result<()> {
     let expected = n.checked_mul(info.dim).ok_or_else(|| {
         Error::InvalidArgument(format!("{n} rows of {} values are too many", info.dim))
     })?;
-    let length = |what: &'static str, actual: usize, expected: usize| {
-        if actual == expected {
-            Ok(())
-        } else {
-            Err(Error::LengthMismatch {
-                what,
-                expected,
-                actual,
-            })
-        }
-    };
-    length("values", rows.values.len(), expected)?;
-    length("slots", rows.slots.len(), info.slots.len())?;
+    check_len("values", expected, rows.values.len())?;
+    check_len("slots", info.slots.len(), rows.slots.len())?;
     for slot in &rows.slots {
-        length("slot rows", slot.len(), expected)?;
+        check_len("slot rows", expected, slot.len())?;
     }
     match (&rows.scores, info.scores) {
-        (Some(scores), Some(_)) => length("scores", scores.len(), n)?,
+        (Some(scores), Some(_)) => check_len("scores", n, scores.len())?,
         (None, None) => {}
         (Some(_), None) => {
             return Err(Error::InvalidArgument(

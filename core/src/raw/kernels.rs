@@ -15,8 +15,9 @@
 //! seqlock; the reader then discards the copy and retries. Even so, a plain
 //! (non-atomic) read racing a write is undefined behaviour in the Rust memory
 //! model, so every access to row memory here is an atomic word load or store
-//! with [`Ordering::Relaxed`](std::sync::atomic::Ordering::Relaxed). On x86_64 a Relaxed 64-bit atomic load or
-//! store compiles to a plain `mov`, so this costs nothing over a plain copy.
+//! with [`Ordering::Relaxed`](std::sync::atomic::Ordering::Relaxed). On
+//! x86_64 a Relaxed 64-bit atomic load or store compiles to a plain `mov`,
+//! so this costs nothing over a plain copy.
 //! Kernels do no fencing and take no lock: the caller's seqlock provides the
 //! ordering (and the exclusion that read-modify-write kernels such as
 //! [`axpy_row`] rely on).

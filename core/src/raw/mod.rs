@@ -1,8 +1,9 @@
 //! The lock-free table underneath [`Variable`](crate::Variable): the only
 //! module of the crate with `unsafe`.
 //!
-//! **Not API.** This module is public, and hidden from the documentation,
-//! only so that the workspace's benchmarks (`dynemb-benches`: the row
+//! **Not API.** This module is public only with the `raw` feature (and
+//! hidden from the documentation even then), so that the workspace's
+//! benchmarks (`dynemb-benches`: the row
 //! [`kernels`], the group [`probe`], [`zeroed_words`], [`release_free_heap`])
 //! and the crate's own integration tests ([`Table`]) can reach it. It makes
 //! no stability promise and may change or become private at any time; use
@@ -28,6 +29,10 @@
 //! - `zeroed`: zeroed (huge-page) arrays, also public as [`zeroed_words`]
 //!   for benchmarks, with [`release_free_heap`] for memory measurements;
 //! - [`Table`]: one shard, built from the above, with batched operations.
+//!
+//! Without the `raw` feature the items only the benchmarks and tests reach
+//! are unused, hence the `allow` below.
+#![cfg_attr(not(feature = "raw"), allow(dead_code, unused_imports))]
 
 mod epoch;
 pub(crate) mod fs;

@@ -1,22 +1,20 @@
-//! The software pipeline that drives a table's batched operations.
+//! The software pipeline that drives a table's batched operations: keys in
+//! batch order, each one's tag group, slot and row prefetched ahead of the
+//! operation. The stages ahead only read the index, and what they find
+//! never changes a result, only speed.
 //!
 //! A random key costs three dependent cache misses: its tag group, then the
 //! slot the tags point to, then its row. Taken one key at a time each miss
-//! waits for the one before; a batch instead walks its keys in a pipeline, so
-//! that while the operation runs on key `i`, the row of key `i + ROWS_AHEAD`,
-//! the slot of key `i + SLOTS_AHEAD` and the tag group of key
-//! `i + TAGS_AHEAD` are already on their way.
+//! waits for the one before; in the pipeline, while the operation runs on
+//! key `i`, the row of key `i + ROWS_AHEAD`, the slot of key
+//! `i + SLOTS_AHEAD` and the tag group of key `i + TAGS_AHEAD` are already
+//! on their way. The distances are deep because a row is five cache lines
+//! and a key costs seven misses in all.
 //!
-//! The distances are deep because a row is five cache lines and a key costs
-//! seven misses in all: on the 2-core EPYC VM the benches run on, 36/24/12
-//! beat 12/8/4 by about 15% on 8M-key lookups (`lookup_throughput`), and
-//! deeper did not help.
-//!
-//! The stages ahead of the operation only read the index. For a lookup their
-//! answer is the answer (the key's row as of a moment during the batch). For a
-//! writer they are hints: the writer's index can change under a migration, so
-//! its operation probes again, this time from cache. Hints never affect
-//! results, only speed.
+//! For a lookup the stages' answer is the answer (the key's row as of a
+//! moment during the batch). For a writer it is a hint: the writer's index
+//! can change under a migration, so its operation probes again, this time
+//! from cache.
 
 use super::index::{hash_key, FirstGroup, Index};
 use super::kernels::{prefetch, prefetch_span};

@@ -76,17 +76,17 @@ impl VariableRequest {
 
     /// The requested values per row.
     pub fn dim(&self) -> usize {
-        self.builder.requested_dim()
+        self.builder.table_options().dim
     }
 
     /// Whether the variable is to be trainable.
     pub fn trainable(&self) -> bool {
-        self.builder.is_trainable()
+        self.builder.table_options().trainable
     }
 
     /// Whether the variable is to be checkpointed.
     pub fn checkpoint(&self) -> bool {
-        self.builder.is_checkpointed()
+        self.builder.table_options().checkpoint
     }
 
     /// The reuse mode the real getter will apply.

@@ -167,7 +167,7 @@ impl<'r> Scope<'r> {
             let name = format!("{prefix}/{}", builder.name());
             builder.set_name(name);
         }
-        let dim = builder.requested_dim();
+        let dim = builder.table_options().dim;
         let request = VariableRequest::new(builder, self.reuse, local);
         let real = |request: VariableRequest| self.registry.get_or_create::<K>(request);
         let variable = run_chain(&self.getters, &real, request)?;

@@ -40,10 +40,9 @@
 //!   not `> 0`).
 //!
 //! One known gap: for weighted sqrtn TF's eager `pow(w, 2)` is Eigen's
-//! `pow`, which for some weights is an ulp off `w * w` (TFRA's generator
-//! saw it in 2 of 300 random cases, moving the output by up to 2 ulp); this
-//! uses `w * w`, which is what TF's graph optimizer turns the `pow` into
-//! and is exact for every golden case.
+//! `pow`, which for some weights is an ulp off `w * w` (moving the output
+//! by up to 2 ulp); this uses `w * w`, which is what TF's graph optimizer
+//! turns the `pow` into and is exact for every golden case.
 //!
 //! The ids' dedup and the output are flat buffers built once; the output
 //! becomes the tensor without a copy.

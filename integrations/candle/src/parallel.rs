@@ -1,14 +1,13 @@
-//! The embedding path's store calls spread over candle's CPU threads.
+//! The embedding path's store calls spread over candle's CPU threads, so
+//! that the other cores do not idle during a step's two largest calls
+//! (reading a batch's distinct rows with `lookup_or_insert`, and the
+//! optimizer's update of them). A split call reads and updates what one
+//! call would, and refuses bad input before any chunk runs.
 //!
-//! A training step's own store calls would run on the caller's thread
-//! alone, so during the two largest (reading a batch's distinct rows with
-//! `lookup_or_insert`, and the optimizer's update of them) the other cores
-//! would idle. Here a batch of at least [`MIN_KEYS_PER_CHUNK`] keys per
-//! thread is cut into one chunk per thread of candle's own CPU pool (the
-//! threads its kernels run on, see `threads.rs`: a second pool would fight
-//! candle's spinning workers for the cores) and each chunk is one store
-//! call on its own thread; smaller batches, a pool of one thread, or a
-//! store whose calls are not CPU work
+//! A batch of at least [`MIN_KEYS_PER_CHUNK`] keys per thread is cut into
+//! one chunk per thread of candle's own CPU pool (see `threads.rs`) and
+//! each chunk is one store call on its own thread; smaller batches, a pool
+//! of one thread, or a store whose calls are not CPU work
 //! ([`EmbeddingStore::cpu_bound`]: a remote store, which spreads a batch
 //! itself) stay one call on the caller's thread.
 //!

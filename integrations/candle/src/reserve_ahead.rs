@@ -1,30 +1,27 @@
 //! Memory for the next batch's new rows, backed while the model computes.
+//! A request never changes what the store holds; at most one request per
+//! layer runs at once (one made while the previous still runs is dropped),
+//! and stores that are not [`cpu_bound`](EmbeddingStore::cpu_bound) get
+//! none.
 //!
 //! After a training read, a layer asks its store to back the rows of as
 //! many new keys as the batch had distinct keys with memory
 //! ([`EmbeddingStore::reserve_rows`]; for a [`dynemb::Variable`], on Linux,
 //! the fresh rows beyond those it holds unused, with their slot rows). The
 //! request runs on a thread of its own at Linux's `SCHED_IDLE` priority, so
-//! that the kernel zeroes those pages on a core nothing else wants, while
-//! the rest of the step runs, rather than under the next batch's row locks.
-//! On a small machine candle's matrix products leave a core idle for much
-//! of an MLP's step, which is where this goes. Where no core is idle (or
-//! off Linux, where the thread runs at normal priority) the pages cost what
-//! the inserts would have spent on them, at a different time. It backs at
-//! most one batch's distinct rows ahead of the table's newest row, whether
-//! or not their keys turn out new.
+//! that the kernel zeroes those pages on a core the model's step leaves
+//! idle rather than under the next batch's row locks. Where no core is
+//! idle (or off Linux, where the thread runs at normal priority) the pages
+//! cost what the inserts would have spent on them, at a different time. It
+//! backs at most one batch's distinct rows ahead of the table's newest row,
+//! whether or not their keys turn out new.
 //!
-//! Only `reserve_rows` runs at that priority: it makes no other thread wait
-//! on it for long. A variable's index growth does not belong there (writers
-//! meeting a migration wait for the thread that claimed its chunks), so it
-//! stays with the inserts.
-//!
-//! Invariants: a request never changes what the store holds; at most one
-//! request per layer runs at once (one made while the previous still runs
-//! is dropped: that one is still backing rows); stores that are not
-//! [`cpu_bound`](EmbeddingStore::cpu_bound) get no request. A running
-//! request holds a clone of the store's `Arc` until it ends. Layers turn
-//! this off with `reserve_rows_ahead: false` in their config.
+//! Only `reserve_rows` runs at that priority, since no other thread waits
+//! on it for long; a variable's index growth stays with the inserts
+//! (writers meeting a migration wait for the thread that claimed its
+//! chunks). A running request holds a clone of the store's `Arc` until it
+//! ends. Layers turn this off with `reserve_rows_ahead: false` in their
+//! config.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;

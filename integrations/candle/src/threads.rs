@@ -1,22 +1,19 @@
 //! The threads the embedding path's large calls are split over: candle's
-//! own CPU threads.
+//! own CPU threads, and no others. Results come in part order and never
+//! depend on which thread ran a part.
 //!
 //! candle-core 0.11 runs its CPU kernels (element-wise ops, reductions,
 //! copies) on a pool of its own, [`barrier_pool`]: `CANDLE_NUM_THREADS`
 //! (else `RAYON_NUM_THREADS`, else the physical cores or
-//! `CANDLE_CPU_MASK`'s) minus one workers and the calling thread. After each op its workers spin for a while before they
-//! sleep, waiting for the next one. Work handed to a second pool (rayon's
-//! global pool, which this crate used before) then fights those spinning
-//! workers for the same cores: on the 2-core development VM the split
-//! store calls and the gather's backward ran slower than on one thread
-//! while a candle worker spun beside them. So every split in this crate
-//! ([`crate::parallel`], [`crate::gather`]) runs on candle's pool, whose
-//! workers are the ones waiting, and no other threads are started.
+//! `CANDLE_CPU_MASK`'s) minus one workers and the calling thread. After
+//! each op its workers spin for a while before they sleep, so every split
+//! in this crate ([`crate::parallel`], [`crate::gather`]) runs on that
+//! pool: work on a second pool would fight the spinning workers for the
+//! same cores.
 //!
 //! [`run`] hands out the parts dynamically (a thread that finishes takes
-//! the next part), so any number of parts runs on any number of threads,
-//! with results in part order: the split is decided by [`count`] and the
-//! batch, never by which thread runs a part. A call from inside one of
+//! the next part), so any number of parts runs on any number of threads;
+//! the split is decided by [`count`] and the batch. A call from inside one of
 //! candle's workers, or from inside a part of another [`run`], runs its
 //! parts on its own thread, in order.
 //!

@@ -1,4 +1,4 @@
-//! The lookup family's calls as API.md writes them (the contract), and the
+//! The lookup family's calls in their documented form (the contract), and the
 //! forms around them: ids of any rank and key type, both sparse forms.
 
 use candle_core::{Device, Tensor};

@@ -1,5 +1,7 @@
-//! [`RedisVariable`] as an [`EmbeddingStore`]: what `dynemb-optim`'s
-//! optimizers and `dynemb-candle`'s layers train, unchanged.
+//! [`RedisVariable`] as an [`EmbeddingStore`] (what `dynemb-optim`'s
+//! optimizers and `dynemb-candle`'s layers train, unchanged) and as an
+//! [`EmbeddingTable`] (what any code written for a table runs on): each
+//! method is the inherent method of the same name.
 //!
 //! Its calls wait on the servers and spread a batch over the nodes (and
 //! `update_rows` over a thread of its own) by themselves, so it is not
@@ -8,7 +10,8 @@
 //! their CPU threads, which would only hold those threads while they wait.
 
 use crate::RedisVariable;
-use dynemb::{EmbeddingStore, Key, Result, SlotId};
+use dynemb::{EmbeddingStore, EmbeddingTable, Initializer, Key, RestrictPolicy, Result, SlotId};
+use std::path::Path;
 
 impl<K: Key> EmbeddingStore for RedisVariable<K> {
     type Key = K;
@@ -57,5 +60,65 @@ impl<K: Key> EmbeddingStore for RedisVariable<K> {
         F: FnMut(usize, &mut [f32], &mut [f32]),
     {
         RedisVariable::update_rows(self, keys, slots, update)
+    }
+}
+
+impl<K: Key> EmbeddingTable for RedisVariable<K> {
+    fn initializer(&self) -> &Initializer {
+        RedisVariable::initializer(self)
+    }
+    fn restrict_policy(&self) -> Option<RestrictPolicy> {
+        RedisVariable::restrict_policy(self)
+    }
+    fn checkpoint(&self) -> bool {
+        RedisVariable::checkpoint(self)
+    }
+    fn lookup_with_exists(&self, keys: &[K], out: &mut [f32], exists: &mut [bool]) -> Result<()> {
+        RedisVariable::lookup_with_exists(self, keys, out, exists)
+    }
+    fn upsert(&self, keys: &[K], values: &[f32]) -> Result<()> {
+        RedisVariable::upsert(self, keys, values)
+    }
+    fn accum(&self, keys: &[K], deltas: &[f32], exists: &[bool]) -> Result<()> {
+        RedisVariable::accum(self, keys, deltas, exists)
+    }
+    fn remove(&self, keys: &[K]) -> Result<()> {
+        RedisVariable::remove(self, keys)
+    }
+    fn clear(&self) -> Result<()> {
+        RedisVariable::clear(self)
+    }
+    fn size(&self) -> Result<usize> {
+        RedisVariable::size(self)
+    }
+    fn export_chunks(
+        &self,
+        rows_per_chunk: usize,
+    ) -> impl Iterator<Item = Result<(Vec<K>, Vec<f32>)>> + '_ {
+        RedisVariable::export_chunks(self, rows_per_chunk)
+    }
+    fn export(&self) -> Result<(Vec<K>, Vec<f32>)> {
+        RedisVariable::export(self)
+    }
+    fn slot_names(&self) -> Result<Vec<String>> {
+        RedisVariable::slot_names(self)
+    }
+    fn lookup_scores(&self, keys: &[K], out: &mut [u64]) -> Result<()> {
+        RedisVariable::lookup_scores(self, keys, out)
+    }
+    fn restrict(&self, num_reserved: usize, trigger: usize) -> Result<usize> {
+        RedisVariable::restrict(self, num_reserved, trigger)
+    }
+    fn save(&self, dir: impl AsRef<Path>) -> Result<()> {
+        RedisVariable::save(self, dir)
+    }
+    fn restore(&self, dir: impl AsRef<Path>) -> Result<()> {
+        RedisVariable::restore(self, dir)
+    }
+    fn load(&self, dir: impl AsRef<Path>) -> Result<()> {
+        RedisVariable::load(self, dir)
+    }
+    fn memory_bytes(&self) -> Result<usize> {
+        RedisVariable::memory_bytes(self)
     }
 }

@@ -252,7 +252,7 @@ mod tests {
         let rows = local.table().rows().unwrap();
         assert!(rows > 1000, "{rows} rows");
         assert_eq!(remote.table().rows().unwrap(), rows);
-        assert_eq!(remote.table().memory_bytes(), None);
+        assert_eq!(CtrTable::memory_bytes(remote.table()), None);
         let keys = sample_keys(local.table(), rows).unwrap();
         assert_eq!(keys.len(), rows);
         let n = keys.len() * config.dim;
