@@ -1,5 +1,7 @@
 //! The run's checkpoint directory (`--checkpoint DIR`): what it holds, how
 //! a checkpoint replaces the previous one, and whether a run may use it.
+//! A crash at any moment leaves one complete checkpoint, and one run at a
+//! time uses a directory.
 //!
 //! **Layout.** A checkpoint is a directory holding
 //! - `embeddings/`: the table, in dynemb's format (rows, Adam slots `m` and

@@ -1,85 +1,32 @@
-//! Command-line flags of the example.
+//! The command line: [`Flags`] (parsed by clap) resolved into a [`Config`]
+//! with every default filled in. A `Config` that resolves is within every
+//! bound, so a mistyped size is an error naming its flag before anything
+//! is allocated, never an allocation failure minutes into a run.
 //!
-//! Decision: a small hand-written parser rather than `clap`. The example
-//! has a dozen flags of three kinds (count, path, switch); a parser for
-//! them is a screenful of code that anyone can read, and it keeps a large
-//! dependency (and its build time) out of the crate's dev-dependencies.
-//! Flags are `--name value` or `--name=value`; numbers may use `_`
-//! separators (`2_500_000`); a flag given twice, an unknown flag, a missing
-//! or unparsable value, or `--fields` with `--data` is an error that names
-//! the flag.
+//! clap checks each value (numbers may use `_` separators: `2_000_000`)
+//! and the rules between flags it can state (`requires`,
+//! `conflicts_with`); [`Flags::resolve`] applies the `--quick` presets,
+//! the thread count's sources and the rules that need several values
+//! (held-out ids, a batch's embedding values, `--max-size` against one
+//! batch's ids). Whether a resumed run asks for the same run is checked
+//! against its checkpoint (`checkpoint`), and whether Redis answers when
+//! the table opens (`table`).
 //!
-//! Decision: sizes are bounded here, before anything is allocated, so that
-//! a mistyped value is an error naming the flag rather than an allocation
-//! abort minutes into a run: `--dim` at most [`MAX_DIM`], `--batch` at most
-//! [`MAX_BATCH`], `--eval-samples` at most [`MAX_EVAL`] and at most
-//! [`MAX_EVAL_IDS`] held-out ids (they are held in memory), a batch's
-//! embedding rows (`batch × fields × dim` values) at most
-//! [`MAX_BATCH_VALUES`], `--threads` at most [`MAX_THREADS`], `--fields` at
-//! most [`MAX_FIELDS`] (what a feature id can tell apart). `--max-size` must
-//! hold one batch's ids (`batch × fields`): a step inserts up to that many
-//! rows before the table is restricted, so a smaller table could not even
-//! keep the rows the step just trained.
+//! `RAYON_NUM_THREADS` is read through [`Environment`] rather than clap's
+//! `env`, because a value rayon ignores (0, not a number) must be ignored
+//! here too and tests must not depend on the process's environment.
 //!
-//! Decision: `--threads` sizes candle's CPU thread pool (and the table's
-//! shards). candle-core reads `RAYON_NUM_THREADS` for its matmul
-//! parallelism on every call, and rayon sizes its global pool from it once,
-//! at first use; `main` sets it from [`Config::threads`] before any candle
-//! call. Without `--threads`, a valid `RAYON_NUM_THREADS` the user set is
-//! kept, else the available cores are used ([`ThreadsFrom`] says which).
-//! Measured on the shared 2-core development VM (load average 4 to 5 from
-//! other builds), 500k samples: `--threads 1` trained at 42k samples/s,
-//! `--threads 2` at 23k (8.5 s against 18.5 s of user time; a profile
-//! shows the pool's workers spinning and cross-core TLB flushes as freed
-//! buffers are unmapped, which one thread does not pay); the results were
-//! bit-identical. The default stays the cores: on an idle machine the two
-//! should be about even (18.5 s of work over two cores against 8.5 s on
-//! one; not measured, the VM was never idle).
-//!
-//! Decision: the defaults fit the README's "~2 min" on that VM and stop
-//! where more training stops paying. Measured there (held-out AUC; load
-//! average 4 to 5):
-//! - One epoch. A second pass overfits: 500k samples gave 0.673 after the
-//!   first epoch and 0.636 after the second (train loss 0.53 to 0.43), the
-//!   "one-epoch" behaviour of CTR models with id embeddings. Fresh samples
-//!   are what helps: 2M samples gave 0.696.
-//! - 2M training samples: 100 s in all with the defaults (`--threads 2`).
-//! - `--dim 16`, the issue's field width: `--dim 8` did as well here
-//!   (0.6959 against 0.6954 at 2M samples), about 20% faster with 40% less
-//!   table memory (361 against 595 MiB); the default keeps 16.
-//! - `--batch 2048`: 8192 and 4096 were faster (31k, 26k samples/s against
-//!   21k) but worse (0.688, 0.692); 1024 was 0.0006 better and 20% slower.
-//! - Learning rates (`train`): sparse 0.005 to 0.02 and dense 0.001 gave
-//!   the same AUC within 0.001; dense 0.003 was 0.002 worse.
-//!
-//! Decision: `--redis HOST:PORT[,HOST:PORT..]` trains the same model on a
-//! `dynemb_redis::RedisVariable` (a single server or cluster nodes; one
-//! reachable node of a cluster is enough). The table is
-//! `<--redis-prefix>:ctr/embeddings` (prefix [`DEFAULT_REDIS_PREFIX`]):
-//! the name is the local table's, so a checkpoint moves between the two.
-//! A new run refuses that table if it holds rows (another run's, perhaps
-//! still training; `--overwrite` clears them), a resumed one restores its
-//! checkpoint's table into it, and either destroys it at the end unless
-//! `--redis-keep`; two runs at once on one Redis need different prefixes. The flags are
-//! checked here (`host:port`, no `{`/`}` in the prefix); whether the
-//! servers answer is found out when the table opens.
-//!
-//! Decision: `--checkpoint DIR` keeps the run: a checkpoint after every
-//! epoch, every `--checkpoint-every` steps, and at the end (see
-//! `checkpoint` for the layout and why a crash never loses one).
-//! `--resume` continues it and `--overwrite` replaces it; without either, a
-//! run refuses a directory that already holds a checkpoint. The three need
-//! `--checkpoint`, and `--resume` excludes `--overwrite`. Whether a resumed
-//! run asks for the same run is checked against the checkpoint, not here.
-//!
-//! The ground truth's AUC (about 0.785) is out of reach of any model of
-//! this much data: ranking by the true weights of the ids seen at least 20
-//! times in 2.5M training samples (0 for the others) gives 0.744, and 0.757
-//! for every id seen at all, since the held-out set is full of rare and
-//! new ids whose weights no training set shows.
+//! The defaults fit about two minutes on two cores and stop where more
+//! training stops paying: one epoch (a second pass over the same samples
+//! overfits), `--dim 16` and `--batch 2048` (larger batches were faster
+//! but lost held-out AUC).
 
+use std::ffi::OsString;
 use std::fmt;
 use std::path::PathBuf;
+
+use clap::error::ErrorKind;
+use clap::{ArgGroup, CommandFactory, Parser};
 
 use crate::source::MAX_FIELDS;
 
@@ -121,60 +68,132 @@ pub const MAX_THREADS: usize = 256;
 /// The environment variable that sizes candle's (rayon's) CPU thread pool.
 pub const THREADS_VAR: &str = "RAYON_NUM_THREADS";
 
-/// The help text.
-pub const USAGE: &str = "\
-Trains a CTR model with dynamic embeddings (dynemb + candle).
+/// The example's flags as given on the command line.
+#[derive(Clone, Debug, Parser)]
+#[command(
+    name = "ctr",
+    about = "Trains a CTR model with dynamic embeddings (dynemb + candle).",
+    override_usage = "cargo run --release -p dynemb-candle --example ctr -- [OPTIONS]",
+    allow_negative_numbers = true,
+    max_term_width = 100,
+    group(ArgGroup::new("replaceable").args(["checkpoint", "redis"]).multiple(true))
+)]
+pub struct Flags {
+    /// Criteo TSV (label, I1..I13, C1..C26); synthetic data when absent
+    #[arg(long, value_name = "FILE", value_parser = path, help_heading = "Data")]
+    pub data: Option<PathBuf>,
 
-usage: cargo run --release -p dynemb-candle --example ctr -- [flags]
+    /// Synthetic categorical fields (default 26, at most 256; not with --data)
+    #[arg(long, value_name = "N", value_parser = count(MAX_FIELDS),
+          conflicts_with = "data", help_heading = "Data")]
+    pub fields: Option<usize>,
 
-data:
-  --data FILE            Criteo TSV (label, I1..I13, C1..C26); synthetic data when absent
-  --fields N             synthetic categorical fields (default 26; not with --data)
-  --train-samples N      training samples per epoch (synthetic default 2000000;
-                         Criteo default: every line but the held-out ones)
-  --eval-samples N       held-out samples, after the training ones (default 200000,
-                         at most 50000000 and 2^28 held-out ids)
-  --seed N               seed of the synthetic data, the embeddings' and the MLP's
-                         initial values (default 42): equal seeds, equal runs
-  --quick                tiny run for CI: 100000 training, 10000 held-out, epochs 1
-  --summary              first stream one epoch and report on the data (distinct
-                         ids, new-id rates, unseen held-out ids); costs an extra
-                         pass and memory for every distinct id
-training:
-  --dim N                embedding dimension (default 16, at most 1024)
-  --batch N              samples per batch (default 2048, at most 1048576)
-  --epochs N             passes over the training data (default 1)
-  --steps N              stop after N batches in all, from the run's start (default:
-                         no limit)
-  --threads N            threads of candle's CPU pool (sets RAYON_NUM_THREADS) and
-                         shards of the embedding table (default: RAYON_NUM_THREADS
-                         if set, else the available cores; at most 256)
-  --max-size N           most rows kept in the embedding table; beyond it the
-                         least recently trained are evicted down to 90% (default:
-                         no limit; at least --batch x fields)
-  --checkpoint DIR       keep the run in DIR: a checkpoint after every epoch and at
-                         the end (default: the model goes to a temporary directory
-                         for the reload check and is not kept)
-  --checkpoint-every N   also a checkpoint every N training steps (needs --checkpoint)
-  --resume               continue the run whose checkpoint is in --checkpoint DIR:
-                         same data and model flags; --epochs and --steps count in
-                         total; --threads, --checkpoint-every, --summary and the
-                         --redis flags may change
-  --overwrite            start a new run even though --checkpoint DIR holds one (the
-                         old checkpoint is replaced by this run's first checkpoint)
-                         or the Redis table holds rows (they are cleared)
-redis (the table in Redis instead of this process's memory):
-  --redis HOST:PORT,..   a Redis server, or nodes of a Redis Cluster (one reachable
-                         node is enough); the table is PREFIX:ctr/embeddings: a new
-                         run refuses one that holds rows (--overwrite clears it),
-                         --resume replaces it with the checkpoint's table; destroyed
-                         at the end; the reload check restores the checkpoint into a
-                         local table
-  --redis-prefix PREFIX  namespace of the table's Redis keys (default ctr; no { or });
-                         concurrent runs on one Redis need different prefixes
-  --redis-keep           keep the Redis table after the run
-  -h, --help             this text
-";
+    /// Training samples per epoch (synthetic default 2000000; Criteo default:
+    /// every line but the held-out ones)
+    #[arg(long, value_name = "N", value_parser = count(usize::MAX), help_heading = "Data")]
+    pub train_samples: Option<usize>,
+
+    /// Held-out samples, after the training ones (default 200000, at most
+    /// 50000000 and 2^28 held-out ids)
+    #[arg(long, value_name = "N", value_parser = count(MAX_EVAL), help_heading = "Data")]
+    pub eval_samples: Option<usize>,
+
+    /// Seed of the synthetic data and of the embeddings' and the MLP's
+    /// initial values: equal seeds, equal runs
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_SEED, value_parser = seed,
+          help_heading = "Data")]
+    pub seed: u64,
+
+    /// Tiny run for CI: 100000 training, 10000 held-out, epochs 1 (flags
+    /// given override them)
+    #[arg(long, help_heading = "Data")]
+    pub quick: bool,
+
+    /// First stream one epoch and report on the data (distinct ids, new-id
+    /// rates, unseen held-out ids); costs an extra pass and memory for every
+    /// distinct id
+    #[arg(long, help_heading = "Data")]
+    pub summary: bool,
+
+    /// Embedding dimension (at most 1024)
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_DIM, value_parser = count(MAX_DIM),
+          help_heading = "Training")]
+    pub dim: usize,
+
+    /// Samples per batch (at most 1048576)
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_BATCH,
+          value_parser = count(MAX_BATCH), help_heading = "Training")]
+    pub batch: usize,
+
+    /// Passes over the training data (default 1)
+    #[arg(long, value_name = "N", value_parser = count(usize::MAX), help_heading = "Training")]
+    pub epochs: Option<usize>,
+
+    /// Stop after N batches in all, from the run's start (default: no limit)
+    #[arg(long, value_name = "N", value_parser = count(usize::MAX), help_heading = "Training")]
+    pub steps: Option<usize>,
+
+    /// Threads of candle's CPU pool (sets RAYON_NUM_THREADS) and shards of the
+    /// embedding table (default: RAYON_NUM_THREADS if set, else the available
+    /// cores; at most 256)
+    #[arg(long, value_name = "N", value_parser = count(MAX_THREADS), help_heading = "Training")]
+    pub threads: Option<usize>,
+
+    /// Most rows kept in the embedding table; beyond it the least recently
+    /// trained are evicted down to 90% (default: no limit; at least --batch x
+    /// fields, the rows one step inserts)
+    #[arg(long, value_name = "N", value_parser = count(usize::MAX), help_heading = "Training")]
+    pub max_size: Option<usize>,
+
+    /// Keep the run in DIR: a checkpoint after every epoch and at the end
+    /// (default: the model goes to a temporary directory for the reload check
+    /// and is not kept)
+    #[arg(long, value_name = "DIR", value_parser = path, help_heading = "Training")]
+    pub checkpoint: Option<PathBuf>,
+
+    /// Also a checkpoint every N training steps
+    #[arg(long, value_name = "N", value_parser = count(usize::MAX),
+          requires = "checkpoint", help_heading = "Training")]
+    pub checkpoint_every: Option<usize>,
+
+    /// Continue the run whose checkpoint is in --checkpoint DIR: same data and
+    /// model flags; --epochs and --steps count in total; --threads,
+    /// --checkpoint-every, --summary and the --redis flags may change
+    #[arg(
+        long,
+        requires = "checkpoint",
+        conflicts_with = "overwrite",
+        help_heading = "Training"
+    )]
+    pub resume: bool,
+
+    /// Start a new run even though --checkpoint DIR holds one (replaced by
+    /// this run's first checkpoint) or the Redis table holds rows (cleared)
+    #[arg(long, requires = "replaceable", help_heading = "Training")]
+    pub overwrite: bool,
+
+    /// A Redis server, or nodes of a Redis Cluster (one reachable node is
+    /// enough), holding the table PREFIX:ctr/embeddings instead of this
+    /// process's memory: a new run refuses one that holds rows, --resume
+    /// replaces it with the checkpoint's table; destroyed at the end; the
+    /// reload check restores the checkpoint into a local table
+    #[arg(long, value_name = "HOST:PORT,..", value_parser = nodes, help_heading = "Redis")]
+    pub redis: Option<Nodes>,
+
+    /// Namespace of the table's Redis keys (default ctr; no { or });
+    /// concurrent runs on one Redis need different prefixes
+    #[arg(long, value_name = "PREFIX", value_parser = prefix, requires = "redis",
+          help_heading = "Redis")]
+    pub redis_prefix: Option<String>,
+
+    /// Keep the Redis table after the run
+    #[arg(long, requires = "redis", help_heading = "Redis")]
+    pub redis_keep: bool,
+}
+
+/// The `host:port` nodes of `--redis`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Nodes(pub Vec<String>);
 
 /// Where the samples come from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -224,7 +243,7 @@ pub struct Config {
     /// [`Config::checkpoint`] (`--resume`).
     pub resume: bool,
     /// Whether a new run may replace the checkpoint in
-    /// [`Config::checkpoint`] (`--overwrite`).
+    /// [`Config::checkpoint`] or the Redis table's rows (`--overwrite`).
     pub overwrite: bool,
     /// Whether `--quick` set the small sizes.
     pub quick: bool,
@@ -288,379 +307,175 @@ impl Environment {
     }
 }
 
-/// What the command line asks for.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Command {
-    /// Run with this configuration (boxed: it is much larger than `Help`).
-    Run(Box<Config>),
-    /// Print [`USAGE`].
-    Help,
-}
-
-/// A command line the example cannot run with.
-#[derive(Debug, PartialEq, Eq, thiserror::Error)]
-pub enum ConfigError {
-    /// A flag the example does not know, or a stray argument.
-    #[error("unknown argument {0:?} (see --help)")]
-    Unknown(String),
-    /// A flag without its value.
-    #[error("{0} needs a value (see --help)")]
-    MissingValue(String),
-    /// A value that does not parse or is out of range.
-    #[error("{flag}: expected {expected}, got {value:?}")]
-    BadValue {
-        /// The flag.
-        flag: String,
-        /// What it takes.
-        expected: String,
-        /// What it got.
-        value: String,
-    },
-    /// A flag given twice.
-    #[error("{0} given twice")]
-    Repeated(String),
-    /// Flags that do not go together (the message names them).
-    #[error("{0}")]
-    Conflict(String),
-}
-
-/// The flags as given, before defaults.
-#[derive(Default)]
-struct Given {
-    data: Option<PathBuf>,
-    fields: Option<usize>,
-    train_samples: Option<usize>,
-    eval_samples: Option<usize>,
-    seed: Option<u64>,
-    quick: bool,
-    summary: bool,
-    dim: Option<usize>,
-    batch: Option<usize>,
-    epochs: Option<usize>,
-    steps: Option<u64>,
-    threads: Option<usize>,
-    max_size: Option<usize>,
-    checkpoint: Option<PathBuf>,
-    checkpoint_every: Option<u64>,
-    resume: bool,
-    overwrite: bool,
-    redis: Option<Vec<String>>,
-    redis_prefix: Option<String>,
-    redis_keep: bool,
-}
-
 impl Config {
-    /// Parses the arguments after the program name; defaults that depend on
-    /// the machine come from `env`.
-    pub fn parse(
-        args: impl IntoIterator<Item = String>,
-        env: &Environment,
-    ) -> Result<Command, ConfigError> {
-        let mut given = Given::default();
-        let mut seen: Vec<String> = Vec::new();
-        let mut args = args.into_iter();
-        while let Some(arg) = args.next() {
-            if arg == "-h" || arg == "--help" {
-                return Ok(Command::Help);
-            }
-            let Some(flag) = arg.strip_prefix("--") else {
-                return Err(ConfigError::Unknown(arg));
-            };
-            let (name, inline) = match flag.split_once('=') {
-                Some((name, value)) => (name, Some(value.to_string())),
-                None => (flag, None),
-            };
-            let name = format!("--{name}");
-            if seen.contains(&name) {
-                return Err(ConfigError::Repeated(name));
-            }
-            seen.push(name.clone());
-            if SWITCHES.contains(&name.as_str()) {
-                if let Some(value) = inline {
-                    return Err(bad(&name, "no value", &value));
-                }
-                match name.as_str() {
-                    "--quick" => given.quick = true,
-                    "--summary" => given.summary = true,
-                    "--resume" => given.resume = true,
-                    "--overwrite" => given.overwrite = true,
-                    _ => given.redis_keep = true,
-                }
-                continue;
-            }
-            if !is_value_flag(&name) {
-                return Err(ConfigError::Unknown(arg));
-            }
-            let value = match inline {
-                Some(value) => value,
-                None => args
-                    .next()
-                    .ok_or_else(|| ConfigError::MissingValue(name.clone()))?,
-            };
-            given.set(&name, value)?;
-        }
-        given
-            .resolve(env)
-            .map(|config| Command::Run(Box::new(config)))
+    /// Parses a command line (program name first) and resolves it against
+    /// `env`. `--help` and every refusal are the `Err` (see
+    /// [`clap::Error::exit`]).
+    pub fn try_parse_from<I, T>(args: I, env: &Environment) -> Result<Config, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString> + Clone,
+    {
+        Flags::try_parse_from(args)?.resolve(env)
     }
 }
 
-/// Flags without a value.
-const SWITCHES: [&str; 5] = [
-    "--quick",
-    "--summary",
-    "--resume",
-    "--overwrite",
-    "--redis-keep",
-];
-
-/// Flags that take a value.
-fn is_value_flag(name: &str) -> bool {
-    [
-        "--data",
-        "--fields",
-        "--train-samples",
-        "--eval-samples",
-        "--seed",
-        "--dim",
-        "--batch",
-        "--epochs",
-        "--steps",
-        "--threads",
-        "--max-size",
-        "--checkpoint",
-        "--checkpoint-every",
-        "--redis",
-        "--redis-prefix",
-    ]
-    .contains(&name)
-}
-
-impl Given {
-    /// Records the value of flag `name` (one of [`is_value_flag`]).
-    fn set(&mut self, name: &str, value: String) -> Result<(), ConfigError> {
-        match name {
-            "--data" => self.data = Some(path(name, value)?),
-            "--checkpoint" => self.checkpoint = Some(path(name, value)?),
-            "--fields" => self.fields = Some(positive(name, &value)?),
-            "--train-samples" => self.train_samples = Some(positive(name, &value)?),
-            "--eval-samples" => self.eval_samples = Some(positive(name, &value)?),
-            "--seed" => self.seed = Some(number(name, &value, "an integer from 0 to 2^64 - 1")?),
-            "--dim" => self.dim = Some(positive(name, &value)?),
-            "--batch" => self.batch = Some(positive(name, &value)?),
-            "--epochs" => self.epochs = Some(positive(name, &value)?),
-            "--steps" => self.steps = Some(positive(name, &value)? as u64),
-            "--threads" => self.threads = Some(positive(name, &value)?),
-            "--max-size" => self.max_size = Some(positive(name, &value)?),
-            "--checkpoint-every" => self.checkpoint_every = Some(positive(name, &value)? as u64),
-            "--redis" => self.redis = Some(nodes(name, &value)?),
-            "--redis-prefix" => {
-                if value.is_empty() || value.contains(['{', '}']) {
-                    return Err(bad(name, "a non-empty prefix without { or }", &value));
-                }
-                self.redis_prefix = Some(value);
-            }
-            _ => return Err(ConfigError::Unknown(name.to_string())),
-        }
-        Ok(())
-    }
-
-    /// Fills in the defaults (`--quick` changes the sizes' defaults) and
-    /// checks the bounds (see the module docs).
-    fn resolve(self, env: &Environment) -> Result<Config, ConfigError> {
+impl Flags {
+    /// Fills in the defaults (`--quick` changes the sizes' defaults), picks
+    /// the thread count and checks the bounds that involve several flags.
+    pub fn resolve(self, env: &Environment) -> Result<Config, clap::Error> {
         let (train, eval, epochs) = if self.quick {
             (QUICK_TRAIN, QUICK_EVAL, QUICK_EPOCHS)
         } else {
             (DEFAULT_TRAIN, DEFAULT_EVAL, DEFAULT_EPOCHS)
         };
-        let data = match self.data {
-            Some(_) if self.fields.is_some() => {
-                return Err(ConfigError::Conflict(format!(
-                    "--fields sets the synthetic data's fields; Criteo data (--data) has {}",
-                    crate::criteo::FIELDS
-                )))
+        let (data, fields) = match self.data {
+            Some(path) => (
+                DataChoice::Criteo {
+                    path,
+                    train_samples: self.train_samples.or(self.quick.then_some(train)),
+                },
+                crate::criteo::FIELDS,
+            ),
+            None => {
+                let fields = self.fields.unwrap_or(DEFAULT_FIELDS);
+                let train_samples = self.train_samples.unwrap_or(train);
+                (
+                    DataChoice::Synthetic {
+                        fields,
+                        train_samples,
+                    },
+                    fields,
+                )
             }
-            Some(path) => DataChoice::Criteo {
-                path,
-                train_samples: self.train_samples.or(self.quick.then_some(train)),
-            },
-            None => DataChoice::Synthetic {
-                fields: self.fields.unwrap_or(DEFAULT_FIELDS),
-                train_samples: self.train_samples.unwrap_or(train),
-            },
         };
-        let fields = match data {
-            DataChoice::Synthetic { fields, .. } => fields,
-            DataChoice::Criteo { .. } => crate::criteo::FIELDS,
-        };
-        at_most("--fields", fields, MAX_FIELDS, "fields")?;
-        let dim = self.dim.unwrap_or(DEFAULT_DIM);
-        at_most("--dim", dim, MAX_DIM, "dimensions")?;
-        let batch = self.batch.unwrap_or(DEFAULT_BATCH);
-        at_most("--batch", batch, MAX_BATCH, "samples")?;
+        let (dim, batch) = (self.dim, self.batch);
         let eval_samples = self.eval_samples.unwrap_or(eval);
-        at_most("--eval-samples", eval_samples, MAX_EVAL, "samples")?;
         if eval_samples.saturating_mul(fields) > MAX_EVAL_IDS {
-            return Err(bad(
+            return Err(invalid(
                 "--eval-samples",
+                eval_samples,
                 format!(
                     "at most {MAX_EVAL_IDS} held-out ids in memory, {} samples of {fields} ids",
                     MAX_EVAL_IDS / fields
                 ),
-                &eval_samples.to_string(),
             ));
         }
         let batch_values = batch * fields * dim;
         if batch_values > MAX_BATCH_VALUES {
-            return Err(ConfigError::Conflict(format!(
-                "--batch {batch} x {fields} fields x --dim {dim} = {batch_values} embedding \
-                 values a batch, more than {MAX_BATCH_VALUES} (1 GiB); lower --batch or --dim"
-            )));
+            return Err(Flags::command().error(
+                ErrorKind::ArgumentConflict,
+                format!(
+                    "--batch {batch} x {fields} fields x --dim {dim} = {batch_values} embedding \
+                     values a batch, more than {MAX_BATCH_VALUES} (1 GiB); lower --batch or --dim"
+                ),
+            ));
         }
-        if let Some(max_size) = self.max_size {
-            if max_size < batch * fields {
-                return Err(bad(
-                    "--max-size",
-                    format!(
-                        "at least one batch's ids (--batch {batch} x {fields} fields = {}), \
-                         which a step inserts before the table is restricted",
-                        batch * fields
-                    ),
-                    &max_size.to_string(),
-                ));
-            }
+        if let Some(max_size) = self.max_size.filter(|&max| max < batch * fields) {
+            return Err(invalid(
+                "--max-size",
+                max_size,
+                format!(
+                    "at least one batch's ids (--batch {batch} x {fields} fields = {}), \
+                     which a step inserts before the table is restricted",
+                    batch * fields
+                ),
+            ));
         }
         let (threads, threads_from) = match self.threads {
-            Some(threads) => {
-                at_most("--threads", threads, MAX_THREADS, "threads")?;
-                (threads, ThreadsFrom::Flag)
-            }
+            Some(threads) => (threads, ThreadsFrom::Flag),
             None => match threads_in(env)? {
                 Some(threads) => (threads, ThreadsFrom::Environment),
                 None => (env.cores.clamp(1, MAX_THREADS), ThreadsFrom::Cores),
             },
         };
-        let redis = match self.redis {
-            Some(nodes) => Some(RedisChoice {
-                nodes,
-                prefix: self
-                    .redis_prefix
-                    .unwrap_or_else(|| DEFAULT_REDIS_PREFIX.to_string()),
-                keep: self.redis_keep,
-            }),
-            None if self.redis_prefix.is_some() || self.redis_keep => {
-                return Err(ConfigError::Conflict(
-                    "--redis-prefix and --redis-keep need --redis".into(),
-                ))
-            }
-            None => None,
-        };
-        if self.overwrite && self.checkpoint.is_none() && redis.is_none() {
-            return Err(ConfigError::Conflict(
-                "--overwrite needs --checkpoint DIR or --redis (what it replaces)".into(),
-            ));
-        }
-        if self.checkpoint.is_none() {
-            for (flag, given) in [
-                ("--resume", self.resume),
-                ("--checkpoint-every", self.checkpoint_every.is_some()),
-            ] {
-                if given {
-                    return Err(ConfigError::Conflict(format!(
-                        "{flag} needs --checkpoint DIR (where the run's checkpoints are)"
-                    )));
-                }
-            }
-        }
-        if self.resume && self.overwrite {
-            return Err(ConfigError::Conflict(
-                "--resume continues the checkpointed run, --overwrite replaces it: give one".into(),
-            ));
-        }
+        let redis = self.redis.map(|Nodes(nodes)| RedisChoice {
+            nodes,
+            prefix: self
+                .redis_prefix
+                .unwrap_or_else(|| DEFAULT_REDIS_PREFIX.to_string()),
+            keep: self.redis_keep,
+        });
         Ok(Config {
-            checkpoint_every: self.checkpoint_every,
-            resume: self.resume,
-            overwrite: self.overwrite,
-            redis,
             data,
             eval_samples,
             dim,
             batch,
             epochs: self.epochs.unwrap_or(epochs),
-            steps: self.steps,
+            steps: self.steps.map(|n| n as u64),
             threads,
             threads_from,
             max_size: self.max_size,
             checkpoint: self.checkpoint,
+            checkpoint_every: self.checkpoint_every.map(|n| n as u64),
+            resume: self.resume,
+            overwrite: self.overwrite,
             quick: self.quick,
             summary: self.summary,
-            seed: self.seed.unwrap_or(DEFAULT_SEED),
+            seed: self.seed,
+            redis,
         })
     }
 }
 
-/// The thread count [`THREADS_VAR`] in `env` asks for: `None` if unset,
-/// or not a whole number of at least 1 (rayon and candle ignore such
-/// values, and so does the example); an error above [`MAX_THREADS`].
-fn threads_in(env: &Environment) -> Result<Option<usize>, ConfigError> {
+/// The thread count [`THREADS_VAR`] in `env` asks for: `None` if unset or
+/// not a whole number of at least 1 (rayon and candle ignore such values);
+/// an error above [`MAX_THREADS`].
+fn threads_in(env: &Environment) -> Result<Option<usize>, clap::Error> {
     match env.rayon_threads.as_deref().map(str::parse::<usize>) {
-        Some(Ok(threads)) if threads > MAX_THREADS => Err(bad(
+        Some(Ok(threads)) if threads > MAX_THREADS => Err(invalid(
             THREADS_VAR,
+            threads,
             format!("at most {MAX_THREADS} threads"),
-            &threads.to_string(),
         )),
         Some(Ok(threads)) if threads > 0 => Ok(Some(threads)),
         _ => Ok(None),
     }
 }
 
-/// An error naming `flag` if `value` is above `max` (`what` it counts).
-fn at_most(flag: &str, value: usize, max: usize, what: &str) -> Result<(), ConfigError> {
-    if value > max {
-        return Err(bad(
-            flag,
-            format!("at most {max} {what}"),
-            &value.to_string(),
-        ));
-    }
-    Ok(())
+/// A refusal of `value` of `flag` in clap's words.
+fn invalid(flag: &str, value: impl fmt::Display, expected: String) -> clap::Error {
+    Flags::command().error(
+        ErrorKind::ValueValidation,
+        format!("invalid value '{value}' for '{flag}': {expected}"),
+    )
 }
 
-/// A [`ConfigError::BadValue`].
-fn bad(flag: &str, expected: impl Into<String>, value: &str) -> ConfigError {
-    ConfigError::BadValue {
-        flag: flag.to_string(),
-        expected: expected.into(),
-        value: value.to_string(),
+/// A parser of whole numbers from 1 to `max`, `_` separators allowed.
+fn count(max: usize) -> impl Fn(&str) -> Result<usize, String> + Clone + Send + Sync + 'static {
+    move |value| {
+        let expected = || format!("expected a whole number from 1 to {max}");
+        match digits(value).and_then(|digits| digits.parse().ok()) {
+            Some(n) if (1..=max).contains(&n) => Ok(n),
+            _ => Err(expected()),
+        }
     }
 }
 
-/// An unsigned number, `_` separators allowed.
-fn number<T: std::str::FromStr>(
-    flag: &str,
-    value: &str,
-    expected: &'static str,
-) -> Result<T, ConfigError> {
+/// A seed: a whole number from 0 to `u64::MAX`, `_` separators allowed.
+fn seed(value: &str) -> Result<u64, String> {
+    digits(value)
+        .and_then(|digits| digits.parse().ok())
+        .ok_or_else(|| "expected an integer from 0 to 2^64 - 1".into())
+}
+
+/// `value` without `_` separators, if what is left is one or more digits.
+fn digits(value: &str) -> Option<String> {
     let digits: String = value.chars().filter(|&c| c != '_').collect();
-    if digits.is_empty() || !digits.chars().all(|c| c.is_ascii_digit()) {
-        return Err(bad(flag, expected, value));
-    }
-    digits.parse().map_err(|_| bad(flag, expected, value))
+    (!digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit())).then_some(digits)
 }
 
-/// A number of at least 1.
-fn positive(flag: &str, value: &str) -> Result<usize, ConfigError> {
-    const EXPECTED: &str = "a whole number of at least 1";
-    match number(flag, value, EXPECTED)? {
-        0 => Err(bad(flag, EXPECTED, value)),
-        n => Ok(n),
+/// A non-empty path.
+fn path(value: &str) -> Result<PathBuf, String> {
+    if value.is_empty() {
+        return Err("expected a path".into());
     }
+    Ok(PathBuf::from(value))
 }
 
 /// A comma-separated list of `host:port` nodes (at least one; the port a
 /// number from 1 to 65535).
-fn nodes(flag: &str, value: &str) -> Result<Vec<String>, ConfigError> {
-    const EXPECTED: &str = "HOST:PORT[,HOST:PORT..]";
+fn nodes(value: &str) -> Result<Nodes, String> {
     value
         .split(',')
         .map(|node| {
@@ -671,18 +486,20 @@ fn nodes(flag: &str, value: &str) -> Result<Vec<String>, ConfigError> {
                 {
                     Ok(node.to_string())
                 }
-                _ => Err(bad(flag, EXPECTED, value)),
+                _ => Err("expected HOST:PORT[,HOST:PORT..]".to_string()),
             }
         })
-        .collect()
+        .collect::<Result<_, _>>()
+        .map(Nodes)
 }
 
-/// A non-empty path.
-fn path(flag: &str, value: String) -> Result<PathBuf, ConfigError> {
-    if value.is_empty() {
-        return Err(bad(flag, "a path", &value));
+/// A Redis key prefix: not empty, and no `{` or `}` (they would change
+/// which cluster slot the table's keys hash to).
+fn prefix(value: &str) -> Result<String, String> {
+    if value.is_empty() || value.contains(['{', '}']) {
+        return Err("expected a non-empty prefix without { or }".into());
     }
-    Ok(PathBuf::from(value))
+    Ok(value.to_string())
 }
 
 impl fmt::Display for Config {
@@ -754,44 +571,48 @@ mod tests {
         }
     }
 
-    fn parse(args: &[&str]) -> Result<Command, ConfigError> {
+    fn parse(args: &[&str]) -> Result<Config, clap::Error> {
         parse_in(args, &machine())
     }
 
-    fn parse_in(args: &[&str], env: &Environment) -> Result<Command, ConfigError> {
-        Config::parse(args.iter().map(|a| a.to_string()), env)
-    }
-
-    /// Asserts that `args` are refused with a [`ConfigError::BadValue`] of
-    /// `flag` showing `value`, and returns the message.
-    fn refused(args: &[&str], flag: &str, value: &str) -> String {
-        match parse(args) {
-            Err(error @ ConfigError::BadValue { .. }) => {
-                let ConfigError::BadValue {
-                    flag: named,
-                    value: shown,
-                    ..
-                } = &error
-                else {
-                    unreachable!()
-                };
-                assert_eq!((named.as_str(), shown.as_str()), (flag, value), "{args:?}");
-                let message = error.to_string();
-                assert!(
-                    message.starts_with(&format!("{flag}: expected")),
-                    "{message}"
-                );
-                message
-            }
-            other => panic!("{args:?} gave {other:?}"),
-        }
+    fn parse_in(args: &[&str], env: &Environment) -> Result<Config, clap::Error> {
+        Config::try_parse_from(std::iter::once("ctr").chain(args.iter().copied()), env)
     }
 
     fn config(args: &[&str]) -> Config {
+        parse(args).unwrap_or_else(|error| panic!("{args:?} gave {error}"))
+    }
+
+    /// Asserts that `args` are refused with an error of `kind` whose
+    /// message names every one of `named`, and returns the message.
+    fn refused_as(args: &[&str], kind: ErrorKind, named: &[&str]) -> String {
         match parse(args) {
-            Ok(Command::Run(config)) => *config,
-            other => panic!("{args:?} gave {other:?}"),
+            Ok(config) => panic!("{args:?} gave {config:?}"),
+            Err(error) => {
+                let message = error.to_string();
+                assert_eq!(error.kind(), kind, "{args:?}: {message}");
+                for name in named {
+                    assert!(message.contains(name), "{args:?}: {message} lacks {name}");
+                }
+                message
+            }
         }
+    }
+
+    /// Asserts that `args` are refused for the value `value` of `flag`,
+    /// and returns the message.
+    fn refused(args: &[&str], flag: &str, value: &str) -> String {
+        refused_as(
+            args,
+            ErrorKind::ValueValidation,
+            &[&format!("'{flag}"), &format!("'{value}'")],
+        )
+    }
+
+    /// The long help text, its words separated by single spaces.
+    fn help() -> String {
+        let help = Flags::command().render_long_help().to_string();
+        help.split_whitespace().collect::<Vec<_>>().join(" ")
     }
 
     #[test]
@@ -855,19 +676,22 @@ mod tests {
             "--redis-prefix",
             "a{b}",
         );
-        refused(&["--redis-keep=yes"], "--redis-keep", "yes");
-        for alone in [&["--redis-keep"][..], &["--redis-prefix", "p"]] {
-            assert!(
-                matches!(parse(alone), Err(ConfigError::Conflict(_))),
-                "{alone:?}"
-            );
-        }
-        assert_eq!(
-            parse(&["--redis", "h:1", "--redis", "h:2"]),
-            Err(ConfigError::Repeated("--redis".into()))
+        refused_as(
+            &["--redis-keep=yes"],
+            ErrorKind::TooManyValues,
+            &["--redis-keep", "yes"],
         );
-        for flag in ["--redis HOST:PORT", "--redis-prefix", "--redis-keep"] {
-            assert!(USAGE.contains(flag), "{flag}");
+        for alone in [&["--redis-keep"][..], &["--redis-prefix", "p"]] {
+            refused_as(alone, ErrorKind::MissingRequiredArgument, &["--redis"]);
+        }
+        refused_as(
+            &["--redis", "h:1", "--redis", "h:2"],
+            ErrorKind::ArgumentConflict,
+            &["--redis"],
+        );
+        let help = help();
+        for flag in ["--redis <HOST:PORT,..>", "--redis-prefix", "--redis-keep"] {
+            assert!(help.contains(flag), "{flag}");
         }
     }
 
@@ -903,39 +727,37 @@ mod tests {
         assert!(c.to_string().contains("checkpoint run, overwriting"));
         let c = config(&["--overwrite", "--redis", "127.0.0.1:7000"]);
         assert!(c.overwrite && c.checkpoint.is_none());
-        for alone in [
-            &["--resume"][..],
+        for alone in [&["--resume"][..], &["--checkpoint-every", "10"]] {
+            refused_as(alone, ErrorKind::MissingRequiredArgument, &["--checkpoint"]);
+        }
+        refused_as(
             &["--overwrite"],
-            &["--checkpoint-every", "10"],
-        ] {
-            match parse(alone) {
-                Err(ConfigError::Conflict(message)) => {
-                    assert!(
-                        message.starts_with(alone[0]) && message.contains("--checkpoint DIR"),
-                        "{message}"
-                    )
-                }
-                other => panic!("{alone:?} gave {other:?}"),
-            }
-        }
-        match parse(&["--checkpoint", "run", "--resume", "--overwrite"]) {
-            Err(ConfigError::Conflict(message)) => {
-                assert!(message.contains("--resume") && message.contains("--overwrite"))
-            }
-            other => panic!("{other:?}"),
-        }
+            ErrorKind::MissingRequiredArgument,
+            &["--checkpoint", "--redis"],
+        );
+        refused_as(
+            &["--checkpoint", "run", "--resume", "--overwrite"],
+            ErrorKind::ArgumentConflict,
+            &["--resume", "--overwrite"],
+        );
         refused(
             &["--checkpoint", "d", "--checkpoint-every", "0"],
             "--checkpoint-every",
             "0",
         );
-        refused(&["--resume=yes"], "--resume", "yes");
-        assert_eq!(
-            parse(&["--checkpoint", "d", "--overwrite", "--overwrite"]),
-            Err(ConfigError::Repeated("--overwrite".into()))
+        refused_as(
+            &["--resume=yes"],
+            ErrorKind::TooManyValues,
+            &["--resume", "yes"],
         );
-        for flag in ["--checkpoint-every N", "--resume", "--overwrite"] {
-            assert!(USAGE.contains(flag), "{flag}");
+        refused_as(
+            &["--checkpoint", "d", "--overwrite", "--overwrite"],
+            ErrorKind::ArgumentConflict,
+            &["--overwrite"],
+        );
+        let help = help();
+        for flag in ["--checkpoint-every <N>", "--resume", "--overwrite"] {
+            assert!(help.contains(flag), "{flag}");
         }
     }
 
@@ -944,26 +766,33 @@ mod tests {
         assert!(config(&["--summary"]).summary);
         assert!(config(&["--quick", "--summary"]).summary);
         assert!(!config(&["--quick"]).summary);
-        refused(&["--summary=yes"], "--summary", "yes");
-        assert!(USAGE.contains("--summary"));
+        refused_as(
+            &["--summary=yes"],
+            ErrorKind::TooManyValues,
+            &["--summary", "yes"],
+        );
     }
 
     #[test]
-    fn usage_states_the_defaults_and_bounds() {
+    fn help_states_the_defaults_and_bounds() {
+        let help = help();
         for text in [
-            format!("default {DEFAULT_FIELDS}"),
+            format!("default {DEFAULT_FIELDS}, at most {MAX_FIELDS}"),
             format!("synthetic default {DEFAULT_TRAIN}"),
-            format!("default {DEFAULT_EVAL}"),
-            format!("at most {MAX_EVAL}"),
-            format!("default {DEFAULT_SEED}"),
+            format!("default {DEFAULT_EVAL}, at most {MAX_EVAL}"),
+            format!("[default: {DEFAULT_SEED}]"),
             format!("{QUICK_TRAIN} training, {QUICK_EVAL} held-out, epochs {QUICK_EPOCHS}"),
-            format!("default {DEFAULT_DIM}, at most {MAX_DIM}"),
-            format!("default {DEFAULT_BATCH}, at most {MAX_BATCH}"),
+            format!("at most {MAX_DIM})"),
+            format!("[default: {DEFAULT_DIM}]"),
+            format!("at most {MAX_BATCH})"),
+            format!("[default: {DEFAULT_BATCH}]"),
             format!("default {DEFAULT_EPOCHS})"),
             format!("at most {MAX_THREADS})"),
+            format!("default {DEFAULT_REDIS_PREFIX};"),
         ] {
-            assert!(USAGE.contains(&text), "USAGE lacks {text:?}");
+            assert!(help.contains(&text), "the help lacks {text:?}:\n{help}");
         }
+        assert_eq!(MAX_EVAL_IDS, 1 << 28, "the help says 2^28");
     }
 
     #[test]
@@ -973,8 +802,8 @@ mod tests {
             cores: 4,
         };
         let threads = |args: &[&str], env: &Environment| match parse_in(args, env) {
-            Ok(Command::Run(c)) => (c.threads, c.threads_from),
-            other => panic!("{args:?} gave {other:?}"),
+            Ok(c) => (c.threads, c.threads_from),
+            Err(error) => panic!("{args:?} gave {error}"),
         };
         assert_eq!(
             threads(&["--threads", "3"], &machine()),
@@ -994,10 +823,9 @@ mod tests {
             cores: 1000,
         };
         assert_eq!(threads(&[], &env), (MAX_THREADS, ThreadsFrom::Cores));
-        assert!(matches!(
-            parse_in(&[], &with("1000")),
-            Err(ConfigError::BadValue { flag, .. }) if flag == THREADS_VAR
-        ));
+        let error = parse_in(&[], &with("1000")).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::ValueValidation);
+        assert!(error.to_string().contains(THREADS_VAR), "{error}");
         assert_eq!(
             threads(&["--threads", "1"], &with("1000")),
             (1, ThreadsFrom::Flag)
@@ -1043,12 +871,11 @@ mod tests {
         assert!(message.contains("of 26 ids"), "{message}");
         refused(&["--fields", "257"], "--fields", "257");
         // Each within its bound, but a batch's rows would take 4 GiB.
-        match parse(&["--batch", "65536", "--dim", "1024", "--fields", "16"]) {
-            Err(ConfigError::Conflict(message)) => {
-                assert!(message.contains("--batch 65536") && message.contains("--dim 1024"))
-            }
-            other => panic!("{other:?}"),
-        }
+        refused_as(
+            &["--batch", "65536", "--dim", "1024", "--fields", "16"],
+            ErrorKind::ArgumentConflict,
+            &["--batch 65536", "--dim 1024"],
+        );
     }
 
     #[test]
@@ -1086,6 +913,7 @@ mod tests {
             }
         );
         assert_eq!((c.eval_samples, c.epochs), (QUICK_EVAL, QUICK_EPOCHS));
+        assert!(c.quick && c.to_string().contains("(quick)"));
         let c = config(&["--eval-samples", "500", "--quick", "--epochs=4"]);
         assert_eq!((c.eval_samples, c.epochs), (500, 4));
     }
@@ -1154,37 +982,38 @@ mod tests {
                 train_samples: Some(QUICK_TRAIN)
             }
         );
-        assert!(matches!(
-            parse(&["--data", "t.txt", "--fields", "3"]),
-            Err(ConfigError::Conflict(_))
-        ));
+        refused_as(
+            &["--data", "t.txt", "--fields", "3"],
+            ErrorKind::ArgumentConflict,
+            &["--fields", "--data"],
+        );
     }
 
     #[test]
-    fn help() {
-        assert_eq!(parse(&["--batch", "4", "--help"]), Ok(Command::Help));
-        assert_eq!(parse(&["-h"]), Ok(Command::Help));
-        assert!(USAGE.contains("--train-samples"));
+    fn help_is_asked_for_anywhere() {
+        for args in [&["--batch", "4", "--help"][..], &["-h"]] {
+            assert_eq!(
+                parse(args).unwrap_err().kind(),
+                ErrorKind::DisplayHelp,
+                "{args:?}"
+            );
+        }
+        assert!(help().contains("--train-samples <N>"));
+        Flags::command().debug_assert();
     }
 
     #[test]
     fn bad_command_lines_name_the_flag() {
-        assert_eq!(
-            parse(&["--bogus"]),
-            Err(ConfigError::Unknown("--bogus".into()))
-        );
-        assert_eq!(parse(&["stray"]), Err(ConfigError::Unknown("stray".into())));
-        assert_eq!(
-            parse(&["--batch"]),
-            Err(ConfigError::MissingValue("--batch".into()))
-        );
-        assert_eq!(
-            parse(&["--seed", "1", "--seed=2"]),
-            Err(ConfigError::Repeated("--seed".into()))
+        refused_as(&["--bogus"], ErrorKind::UnknownArgument, &["--bogus"]);
+        refused_as(&["stray"], ErrorKind::UnknownArgument, &["stray"]);
+        refused_as(&["--batch"], ErrorKind::InvalidValue, &["--batch"]);
+        refused_as(
+            &["--seed", "1", "--seed=2"],
+            ErrorKind::ArgumentConflict,
+            &["--seed"],
         );
         for (flag, value) in [
             ("--batch", "0"),
-            ("--batch", "-4"),
             ("--dim", "abc"),
             ("--epochs", "1.5"),
             ("--steps", ""),
@@ -1192,23 +1021,13 @@ mod tests {
             ("--fields", "257"),
             ("--data", ""),
         ] {
-            match parse(&[flag, value]) {
-                Err(ConfigError::BadValue {
-                    flag: named,
-                    value: shown,
-                    ..
-                }) => {
-                    assert_eq!(named, flag);
-                    assert_eq!(shown, value);
-                }
-                other => panic!("{flag} {value:?} gave {other:?}"),
-            }
+            refused(&[flag, value], flag, value);
         }
-        assert!(matches!(
-            parse(&["--quick=yes"]),
-            Err(ConfigError::BadValue { .. })
-        ));
-        let message = parse(&["--batch", "x"]).unwrap_err().to_string();
-        assert!(message.starts_with("--batch: expected"), "{message}");
+        refused(&["--batch", "-4"], "--batch", "-4");
+        refused_as(
+            &["--quick=yes"],
+            ErrorKind::TooManyValues,
+            &["--quick", "yes"],
+        );
     }
 }

@@ -45,10 +45,9 @@
 //!   part has standard deviation [`PAIR_STD`];
 //! - the bias `b` is solved (by bisection, on [`CALIBRATION_SAMPLES`]
 //!   samples spread over the timeline) so that the expected positive rate
-//!   is [`TARGET_POSITIVE_RATE`]. A fixed bias would not do: the few most
-//!   popular ids of each field carry much of the mass, so the mean of the
-//!   hashed weights, and with it the positive rate, moves with the seed
-//!   (18% to 29% over eight seeds with a fixed bias).
+//!   is [`TARGET_POSITIVE_RATE`], since with a fixed bias the few most
+//!   popular ids of each field would move the positive rate with the seed
+//!   (18% to 29% over eight seeds).
 //!
 //! The label is `Bernoulli(sigmoid(f(x) + ε))`, `ε ~ N(0, NOISE_STD²)`: the
 //! noise stands for context no feature shows. Since `E[label | x]` rises
@@ -57,14 +56,11 @@
 //! `sigmoid(f(x) / sqrt(1 + π NOISE_STD² / 8))`, the probit approximation
 //! of `E[sigmoid(f + ε)]`, so its log-loss is (nearly) the floor too.
 //!
-//! **Speed.** About 2M samples/s on one core of the 2-core development VM
-//! with 26 fields (1.9M to 2.2M over runs; `cargo run --release -p
-//! dynemb-candle --example ctr -- --summary --train-samples 1000000
-//! --eval-samples 1000`, whose `streamed` line times batch production
-//! only). That is some 50 times what training consumes, so batches are
-//! generated on demand rather than held in memory (the default 2M samples
-//! of 26 ids would take 416 MB). With `rand_distr::Zipf` in place of
-//! [`crate::zipf`] the same command gave 0.58M samples/s.
+//! **Speed.** About 2M samples/s on one core with 26 fields (the
+//! `streamed` line of `--summary` times batch production only), some 50
+//! times what training consumes, so batches are generated on demand rather
+//! than held in memory (the default 2M samples of 26 ids would take
+//! 416 MB).
 
 use crate::source::{
     check_batch_size, feature_id, Batch, DataError, DataSource, EvalSet, Result, MAX_FIELDS,

@@ -13,8 +13,9 @@
 //! `DataSource` trait), `data` (the synthetic data set), `criteo` (the
 //! Criteo reader), `zipf` (the synthetic ids' sampler), `auc` (metrics),
 //! `summary` (the data report), `model` (embeddings and MLP), `table`
-//! (the local or Redis table the trainer is generic over), `train`
-//! (the step, evaluation and checkpoints).
+//! (the Redis table of `--redis`), `train` (the step, evaluation and
+//! checkpoints, generic over `dynemb::EmbeddingTable`), `checkpoint` (the
+//! checkpoint directory), `run` (one run, start to end).
 //!
 //! A run (`run`): size candle's CPU thread pool from `--threads`, open and
 //! probe the checkpoint directory (`checkpoint`), open the data and check
@@ -35,17 +36,15 @@
 //! ```
 //!
 //! With `--redis`, the table is a `RedisVariable` (see `table`): a new run
-//! refuses one that holds rows unless `--overwrite` (which clears them; a
-//! resumed run restores its checkpoint's table into it), destroyed at the end unless `--redis-keep` (also when
-//! the run fails), and the reload check restores the checkpoint into a
-//! local table, so it also checks that a model moves from Redis to local
-//! memory.
+//! refuses one that holds rows unless `--overwrite` clears them, a resumed
+//! run restores its checkpoint's table into it, and it is destroyed at the
+//! end (also when the run fails) unless `--redis-keep`. The reload check
+//! restores the checkpoint into a local table, so it also checks that a
+//! model moves from Redis to local memory.
 //!
-//! Decision: `RAYON_NUM_THREADS` is set first thing, from the parsed
-//! flags (parsing calls nothing of candle's): candle-core reads it for its
-//! matmul parallelism and rayon sizes its global pool from it at first
-//! use, so a later change would not reach the pool. The example is
-//! single-threaded at that point, which `std::env::set_var` needs.
+//! `RAYON_NUM_THREADS` is set from the parsed flags before any candle
+//! call, because rayon sizes its global pool from it at first use (the
+//! example is still single-threaded then, as `std::env::set_var` needs).
 
 mod auc;
 mod checkpoint;
@@ -64,7 +63,7 @@ mod zipf;
 #[cfg(test)]
 use dynemb_test_support::servers as redis_support;
 
-use config::{Command, Config, DataChoice, Environment, THREADS_VAR, USAGE};
+use config::{Config, DataChoice, Environment, THREADS_VAR};
 use criteo::Criteo;
 use data::{Synthetic, SyntheticConfig};
 use source::DataSource;
@@ -82,17 +81,13 @@ fn main() -> ExitCode {
     }
 }
 
-/// Parses the flags, sizes candle's thread pool and runs ([`run::execute`]).
+/// Parses the flags (clap prints `--help` or a refusal and exits), sizes
+/// candle's thread pool and runs ([`run::execute`]).
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let run_started = Instant::now();
+    let config = Config::try_parse_from(std::env::args_os(), &Environment::current())
+        .unwrap_or_else(|error| error.exit());
     let mut out = std::io::stdout().lock();
-    let config = match Config::parse(std::env::args().skip(1), &Environment::current())? {
-        Command::Help => {
-            write!(out, "{USAGE}")?;
-            return Ok(());
-        }
-        Command::Run(config) => *config,
-    };
     std::env::set_var(THREADS_VAR, config.threads.to_string());
     writeln!(out, "{config}")?;
     writeln!(

@@ -11,12 +11,11 @@
 //! per id. The MLP's weights live in a candle-nn `VarMap`, so they save and
 //! load as safetensors.
 //!
-//! Decision: the MLP's initial weights come from the seed. `candle_nn::linear`
-//! draws them from candle's CPU random generator, which cannot be seeded
-//! (`Device::Cpu.set_seed` is an error), so two runs with one `--seed`
-//! would start from different MLPs. [`init_mlp`] overwrites them, after the
-//! layers are built, with values drawn the way `linear` draws them, from a
-//! PCG stream of the seed; a checkpoint's values are loaded over them.
+//! The MLP's initial weights come from the seed: [`init_mlp`] overwrites
+//! what `candle_nn::linear` drew, after the layers are built, with values
+//! drawn the same way from a PCG stream of the seed, because candle's CPU
+//! generator cannot be seeded (`Device::Cpu.set_seed` is an error). A
+//! checkpoint's values are loaded over them.
 
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError};

@@ -1,5 +1,7 @@
 //! One run of the example, from parsed flags to a trained, saved and
-//! checked model ([`execute`]).
+//! checked model ([`execute`]). Every mistake that can be found early fails
+//! before training, and once training has started nothing discards what
+//! was trained.
 //!
 //! The order makes every mistake that can be found early fail before
 //! training: the checkpoint directory is opened and probed (`checkpoint`;
@@ -45,6 +47,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use dynemb::EmbeddingTable;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::auc;
@@ -52,7 +55,7 @@ use crate::checkpoint::{CheckpointDir, CheckpointError, Mode, Progress, RunConfi
 use crate::config::Config;
 use crate::source::{self, Batch, DataSource};
 use crate::summary::{self, StreamSummary};
-use crate::table::{self, CtrTable};
+use crate::table;
 use crate::train::{self, ModelConfig, Step, Trainer};
 
 /// The errors of a run.
@@ -134,7 +137,7 @@ pub fn execute(config: &Config, open: &mut OpenData<'_>, out: &mut dyn Write) ->
         seed: config.seed,
         max_size: config.max_size,
     };
-    let session = Session {
+    let training = Training {
         config,
         eval: &eval,
         ceiling,
@@ -157,7 +160,7 @@ pub fn execute(config: &Config, open: &mut OpenData<'_>, out: &mut dyn Write) ->
                 Some(path) => Trainer::load(model_config, path)?,
                 None => Trainer::new(model_config)?,
             };
-            session.run(trainer, source.as_mut(), out)
+            training.run(trainer, source.as_mut(), out)
         }
         Some(choice) => {
             let fresh = resume_from.is_none();
@@ -183,7 +186,7 @@ pub fn execute(config: &Config, open: &mut OpenData<'_>, out: &mut dyn Write) ->
                         out,
                         "restored the checkpoint's table ({} rows) into the Redis table \
                          {}:{}, replacing the {left} rows it held",
-                        trainer.table().rows()?,
+                        trainer.table().size()?,
                         choice.prefix,
                         crate::model::TABLE_NAME
                     )?;
@@ -199,7 +202,7 @@ pub fn execute(config: &Config, open: &mut OpenData<'_>, out: &mut dyn Write) ->
                     Trainer::with_table(model_config, table)
                 }
             }
-            .and_then(|trainer| session.run(trainer, source.as_mut(), out));
+            .and_then(|trainer| training.run(trainer, source.as_mut(), out));
             // Destroyed also when training failed; the training error wins.
             let destroyed: Result<()> = if choice.keep {
                 writeln!(
@@ -220,7 +223,7 @@ pub fn execute(config: &Config, open: &mut OpenData<'_>, out: &mut dyn Write) ->
 }
 
 /// What training needs besides the trainer and the data.
-struct Session<'a> {
+struct Training<'a> {
     config: &'a Config,
     eval: &'a Batch,
     /// The hidden model's held-out AUC, if known.
@@ -248,11 +251,11 @@ impl From<source::DataError> for Stopped {
     }
 }
 
-impl Session<'_> {
+impl Training<'_> {
     /// Trains `trainer` from the manifest's progress to the configured
     /// epochs and steps, checkpointing as it goes, then saves and checks a
     /// reload.
-    fn run<T: CtrTable>(
+    fn run<T: EmbeddingTable<Key = i64> + 'static>(
         mut self,
         mut trainer: Trainer<T>,
         source: &mut dyn DataSource,
@@ -405,7 +408,7 @@ impl Session<'_> {
     /// The epochs: batches, skipped ones counted, periodic checkpoints,
     /// an evaluation and a checkpoint after each epoch. `saved` is the
     /// progress of the last checkpoint written.
-    fn train<T: CtrTable>(
+    fn train<T: EmbeddingTable<Key = i64> + 'static>(
         &mut self,
         trainer: &mut Trainer<T>,
         source: &mut dyn DataSource,
@@ -502,7 +505,7 @@ impl Session<'_> {
 
     /// Writes the epoch's line: training loss and speed, held-out metrics
     /// (undefined ones say so), table size and evictions, skipped batches.
-    fn report_epoch<T: CtrTable>(
+    fn report_epoch<T: EmbeddingTable<Key = i64> + 'static>(
         &self,
         trainer: &Trainer<T>,
         epoch: usize,
@@ -515,17 +518,22 @@ impl Session<'_> {
             Err(e) => format!("held-out: not evaluated ({e})"),
         };
         let memory = match trainer.table().memory_bytes() {
-            Some(bytes) => format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64),
-            None => "in Redis".to_string(),
+            Ok(bytes) => format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64),
+            Err(e) => format!("? MiB ({e})"),
         };
-        let rows = match trainer.table().rows() {
+        let place = if self.config.redis.is_some() {
+            " in Redis"
+        } else {
+            ""
+        };
+        let rows = match trainer.table().size() {
             Ok(rows) => rows.to_string(),
             Err(e) => format!("? ({e})"),
         };
         writeln!(
             out,
             "epoch {epoch}: train loss {}, {speed:.0} samples/s | {held_out} | table {rows} \
-             rows, {memory}, {} evicted{}",
+             rows, {memory}{place}, {} evicted{}",
             match progress.epoch_trained {
                 0 => "undefined (no batch trained)".to_string(),
                 trained => format!("{:.4}", progress.epoch_loss_sum / trained as f64),
@@ -537,15 +545,19 @@ impl Session<'_> {
     }
 
     /// Writes a checkpoint of the trainer and the run's progress.
-    fn checkpoint<T: CtrTable>(&self, trainer: &Trainer<T>, dir: &CheckpointDir) -> Result<()> {
+    fn checkpoint<T: EmbeddingTable<Key = i64> + 'static>(
+        &self,
+        trainer: &Trainer<T>,
+        dir: &CheckpointDir,
+    ) -> Result<()> {
         dir.publish(&self.manifest, |staging| trainer.save(staging))
     }
 
-    /// [`Session::checkpoint`], unless the last one is of this progress
+    /// [`Training::checkpoint`], unless the last one is of this progress
     /// already; reports it on `out` (a failed write to `out` is ignored
     /// here: the next line's write reports it). A failure is reported and
     /// training goes on.
-    fn checkpoint_or_warn<T: CtrTable>(
+    fn checkpoint_or_warn<T: EmbeddingTable<Key = i64> + 'static>(
         &self,
         trainer: &Trainer<T>,
         dir: &CheckpointDir,
@@ -632,7 +644,7 @@ fn progress_bar(batches: u64, done: u64, epoch: usize) -> ProgressBar {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Command, Environment};
+    use crate::config::Environment;
     use crate::data::{Synthetic, SyntheticConfig};
     use std::cell::RefCell;
     use std::rc::Rc;
@@ -663,10 +675,8 @@ mod tests {
             rayon_threads: None,
             cores: 1,
         };
-        match Config::parse(args.iter().map(|a| a.to_string()), &env) {
-            Ok(Command::Run(config)) => *config,
-            other => panic!("{args:?} gave {other:?}"),
-        }
+        Config::try_parse_from(std::iter::once("ctr").chain(args.iter().copied()), &env)
+            .unwrap_or_else(|error| panic!("{args:?} gave {error}"))
     }
 
     /// A data source that records the batches training reads, and can

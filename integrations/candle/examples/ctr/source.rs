@@ -1,7 +1,7 @@
 //! What the training loop reads: [`Batch`]es of labelled samples from a
 //! [`DataSource`], in time order, and a held-out [`EvalSet`].
 //!
-//! Decisions and invariants:
+//! Invariants:
 //! - A sample is one label (0.0 or 1.0) and exactly one feature id per
 //!   field. A [`Batch`] stores ids row-major, `[len, fields]`:
 //!   `ids[i * fields + f]` is sample `i`'s id for field `f`.

@@ -8,10 +8,10 @@
 //! had not occurred earlier in the stream: high at first while the table
 //! fills, then the rate at which the vocabulary really grows.
 //!
-//! Decision: the report is opt-in (`--summary`). It streams a whole extra
-//! epoch before training and counts every distinct id in a hash map, which
-//! for Criteo (some 33M ids) is gigabytes and minutes; a default run
-//! prints only [`write_ceiling`].
+//! The report is opt-in (`--summary`) because it streams a whole extra
+//! epoch and counts every distinct id in a hash map (for Criteo, some 33M
+//! ids: gigabytes and minutes); a default run prints only
+//! [`write_ceiling`].
 
 use crate::auc::{log_loss, roc_auc};
 use crate::source::{field_of, Batch, DataSource, EvalSet, Result};

@@ -1,142 +1,20 @@
-//! Where the embedding table lives: [`CtrTable`], what the trainer needs
-//! of a table beyond [`EmbeddingStore`] (size, restrict, checkpoints,
-//! memory, a pass over the keys), for a local `Variable<i64>` and for a
-//! `RedisVariable<i64>` (`--redis`).
+//! The Redis table of `--redis` ([`open_redis`]): named `ctr/embeddings`
+//! under `--redis-prefix`, with the local table's initializer and restrict
+//! policy, so a checkpoint moves between the two. The trainer is generic
+//! over `dynemb::EmbeddingTable` and trains this table or a local
+//! `Variable<i64>` with the same code.
 //!
-//! Decision: a trait, and the trainer generic over it, rather than an enum
-//! of the two tables: the layer and the optimizer are generic over
-//! [`EmbeddingStore`] already, so the model trains either table with the
-//! same code, and the trait lists in one place what a table must offer
-//! besides.
-//!
-//! Decision: memory. A local table reports the bytes it holds; a Redis
-//! table's rows are in the servers' memory, which this process does not
-//! see (`INFO memory` counts everything a server holds, not this table),
-//! so [`CtrTable::memory_bytes`] is `None` and the epoch line shows rows
-//! only.
-//!
-//! Decision: the Redis table ([`open_redis`]) is named like the local one
-//! (`ctr/embeddings`), under `--redis-prefix`, with the same initializer
-//! and restrict policy. A new run refuses a table that holds rows (rows
-//! of another run, live or stopped, would change the result, and clearing
-//! them could end a live run) unless `--overwrite` clears them first; a
-//! resumed run leaves it to the trainer, which replaces its
-//! contents with the checkpoint's table, so that table, MLP and optimizer
-//! step are those of one moment of the run (rows trained after the last
-//! checkpoint, by a run that then stopped, are replaced too). A table of the same name and prefix with other settings (another
-//! `--dim` or `--seed`) is refused when it opens, with a hint to use
-//! another prefix.
+//! A new run refuses a table that holds rows unless `--overwrite` clears
+//! them, since they may be a live run's; a resumed run leaves it to the
+//! trainer, which replaces its contents with the checkpoint's table so that
+//! rows, MLP and step count are those of one moment of the run. A table of
+//! the same name with other settings (another `--dim` or `--seed`) is
+//! refused when it opens, with a hint to choose another prefix.
 
-use std::path::Path;
-
-use dynemb::{EmbeddingStore, Variable};
 use dynemb_redis::{RedisConfig, RedisVariable};
 
 use crate::config::RedisChoice;
 use crate::model::{row_initializer, TABLE_NAME, TABLE_POLICY};
-
-/// Rows read per round trip when passing over a table's keys.
-const KEYS_PER_CHUNK: usize = 1 << 14;
-
-/// An embedding table the CTR trainer can train, restrict, checkpoint and
-/// check: a local `Variable<i64>` or a `RedisVariable<i64>`.
-pub trait CtrTable: EmbeddingStore<Key = i64> + 'static {
-    /// Rows in the table.
-    fn rows(&self) -> dynemb::Result<usize>;
-
-    /// Bytes the table holds in this process; `None` when its rows are
-    /// elsewhere (Redis).
-    fn memory_bytes(&self) -> Option<usize>;
-
-    /// If the table holds more than `trigger` rows, keeps the
-    /// `reserved` highest-scored (most recently trained) and removes the
-    /// others; returns how many it removed.
-    fn restrict(&self, reserved: usize, trigger: usize) -> dynemb::Result<usize>;
-
-    /// Writes the table (rows, slots, scores) to the checkpoint directory
-    /// `dir`, in dynemb's format.
-    fn save(&self, dir: &Path) -> dynemb::Result<()>;
-
-    /// Replaces the table's contents with the checkpoint at `dir`.
-    fn restore(&self, dir: &Path) -> dynemb::Result<()>;
-
-    /// Copies the rows of `keys` into `out` and tells which were present.
-    /// Never inserts.
-    fn lookup_with_exists(
-        &self,
-        keys: &[i64],
-        out: &mut [f32],
-        exists: &mut [bool],
-    ) -> dynemb::Result<()>;
-
-    /// Calls `each` with every key of the table, in the table's export
-    /// order, streaming (one chunk of keys in memory at a time).
-    fn for_each_key(&self, each: &mut dyn FnMut(i64)) -> dynemb::Result<()>;
-}
-
-impl CtrTable for Variable<i64> {
-    fn rows(&self) -> dynemb::Result<usize> {
-        Ok(self.size())
-    }
-    fn memory_bytes(&self) -> Option<usize> {
-        Some(Variable::memory_bytes(self))
-    }
-    fn restrict(&self, reserved: usize, trigger: usize) -> dynemb::Result<usize> {
-        Variable::restrict(self, reserved, trigger)
-    }
-    fn save(&self, dir: &Path) -> dynemb::Result<()> {
-        Variable::save(self, dir)
-    }
-    fn restore(&self, dir: &Path) -> dynemb::Result<()> {
-        Variable::restore(self, dir)
-    }
-    fn lookup_with_exists(
-        &self,
-        keys: &[i64],
-        out: &mut [f32],
-        exists: &mut [bool],
-    ) -> dynemb::Result<()> {
-        Variable::lookup_with_exists(self, keys, out, exists)
-    }
-    fn for_each_key(&self, each: &mut dyn FnMut(i64)) -> dynemb::Result<()> {
-        for chunk in self.export_chunks(KEYS_PER_CHUNK) {
-            chunk?.0.into_iter().for_each(&mut *each);
-        }
-        Ok(())
-    }
-}
-
-impl CtrTable for RedisVariable<i64> {
-    fn rows(&self) -> dynemb::Result<usize> {
-        self.size()
-    }
-    fn memory_bytes(&self) -> Option<usize> {
-        None
-    }
-    fn restrict(&self, reserved: usize, trigger: usize) -> dynemb::Result<usize> {
-        RedisVariable::restrict(self, reserved, trigger)
-    }
-    fn save(&self, dir: &Path) -> dynemb::Result<()> {
-        RedisVariable::save(self, dir)
-    }
-    fn restore(&self, dir: &Path) -> dynemb::Result<()> {
-        RedisVariable::restore(self, dir)
-    }
-    fn lookup_with_exists(
-        &self,
-        keys: &[i64],
-        out: &mut [f32],
-        exists: &mut [bool],
-    ) -> dynemb::Result<()> {
-        RedisVariable::lookup_with_exists(self, keys, out, exists)
-    }
-    fn for_each_key(&self, each: &mut dyn FnMut(i64)) -> dynemb::Result<()> {
-        for chunk in self.export_chunks(KEYS_PER_CHUNK) {
-            chunk?.0.into_iter().for_each(&mut *each);
-        }
-        Ok(())
-    }
-}
 
 /// Opens the Redis table `choice` describes for `dim`-wide rows from
 /// `seed` (the local table's settings), and clears it if `clear`; returns
@@ -185,6 +63,7 @@ mod tests {
     use crate::redis_support::Server;
     use crate::source::DataSource;
     use crate::train::{check_reload, sample_keys, ModelConfig, Trainer, RELOAD_KEYS};
+    use dynemb::EmbeddingTable;
 
     fn model() -> ModelConfig {
         ModelConfig {
@@ -207,13 +86,13 @@ mod tests {
         .unwrap()
     }
 
-    /// Training steps of the parity run (the 200).
+    /// Training steps of the parity run.
     const STEPS: usize = 200;
     /// Samples per step.
     const BATCH: usize = 32;
 
     /// `trainer` after [`STEPS`] batches.
-    fn train<T: CtrTable>(mut trainer: Trainer<T>) -> Trainer<T> {
+    fn train<T: EmbeddingTable<Key = i64> + 'static>(mut trainer: Trainer<T>) -> Trainer<T> {
         let mut source = data();
         while let Some(batch) = source.next_batch(BATCH).unwrap() {
             trainer.step(&batch).unwrap();
@@ -252,10 +131,11 @@ mod tests {
         let remote = train(Trainer::with_table(config.clone(), table).unwrap());
         let local = train(Trainer::new(config.clone()).unwrap());
 
-        let rows = local.table().rows().unwrap();
+        let rows = local.table().size();
         assert!(rows > 1000, "{rows} rows");
-        assert_eq!(remote.table().rows().unwrap(), rows);
-        assert_eq!(CtrTable::memory_bytes(remote.table()), None);
+        assert_eq!(remote.table().size().unwrap(), rows);
+        let memory = remote.table().memory_bytes().unwrap();
+        assert!(memory > rows * config.dim * 4, "{memory} bytes in Redis");
         let keys = sample_keys(local.table(), rows).unwrap();
         assert_eq!(keys.len(), rows);
         let n = keys.len() * config.dim;
@@ -292,7 +172,7 @@ mod tests {
         // Reopened (a run with `--redis-keep` before): cleared first.
         drop(remote);
         let (again, left) = open_redis(&choice, config.dim, config.seed, true).unwrap();
-        assert_eq!((left, again.rows().unwrap()), (rows, 0));
+        assert_eq!((left, again.size().unwrap()), (rows, 0));
         // Other settings under the same prefix: refused, naming the flag.
         let message = open_redis(&choice, config.dim + 1, config.seed, true)
             .unwrap_err()

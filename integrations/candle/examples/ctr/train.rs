@@ -1,4 +1,6 @@
-//! Training, evaluation and checkpoints of the CTR model.
+//! Training, evaluation and checkpoints of the CTR model ([`Trainer`]),
+//! over a local or a Redis table. Two trainers of one configuration fed
+//! the same batches compute the same model, bit for bit.
 //!
 //! A step: the batch's ids go through the model in training mode (the
 //! embedding inserts unseen ids and records the distinct rows it read),
@@ -40,7 +42,7 @@
 //! size, sparse optimizer steps, the rows and Adam slots of sampled keys,
 //! and held-out predictions, all bit for bit.
 //!
-//! The trainer is generic over its table ([`CtrTable`]): a local
+//! The trainer is generic over its table ([`EmbeddingTable`]): a local
 //! `Variable<i64>` (the default type, [`Trainer::new`]) or a Redis one
 //! ([`Trainer::with_table`]). A checkpoint of either restores into
 //! either; `run` reloads a Redis-trained model into a local table.
@@ -50,22 +52,21 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{Optimizer, ParamsAdamW, VarBuilder, VarMap};
-use dynemb::Variable;
+use dynemb::{EmbeddingTable, Variable};
 use dynemb_candle::SparseStep;
 use dynemb_optim::{ParamsAdam, SparseAdam};
 
 use crate::checkpoint::{MLP_FILE, SPARSE_FILE, TABLE_DIR};
 use crate::model::{bce_with_logits, embedding_table, ids_tensor, init_mlp, CtrModel};
 use crate::source::Batch;
-use crate::table::CtrTable;
 
 /// The errors of training: the layer's, the table's and candle's.
 pub type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
-/// Learning rate of the sparse Adam on the embeddings (0.005 to 0.02 gave
-/// the same held-out AUC within 0.001, see `config`).
+/// Learning rate of the sparse Adam on the embeddings (0.005 to 0.02 give
+/// the same held-out AUC within 0.001).
 pub const SPARSE_LR: f32 = 0.01;
-/// Learning rate of the MLP's AdamW (0.003 was 0.002 below it).
+/// Learning rate of the MLP's AdamW (0.003 loses 0.002 of held-out AUC).
 pub const DENSE_LR: f64 = 0.001;
 /// Most samples per inference batch during evaluation.
 const EVAL_BATCH: usize = 8192;
@@ -74,6 +75,8 @@ const EVAL_VALUES: usize = 1 << 24;
 /// Keys whose rows and slots [`check_reload`] compares (all of a smaller
 /// table).
 pub const RELOAD_KEYS: usize = 1000;
+/// Rows a table exports per chunk when [`sample_keys`] passes over it.
+const KEYS_PER_CHUNK: usize = 1 << 14;
 /// The sparse Adam's slot columns.
 const ADAM_SLOTS: [&str; 2] = ["m", "v"];
 
@@ -100,7 +103,7 @@ pub struct ModelConfig {
 }
 
 /// The model with its optimizers, its embeddings in a table of type `T`.
-pub struct Trainer<T: CtrTable = Variable<i64>> {
+pub struct Trainer<T: EmbeddingTable<Key = i64> + 'static = Variable<i64>> {
     config: ModelConfig,
     table: Arc<T>,
     mlp: VarMap,
@@ -137,7 +140,7 @@ pub enum Step {
     Skipped(f32),
 }
 
-impl<T: CtrTable> Trainer<T> {
+impl<T: EmbeddingTable<Key = i64> + 'static> Trainer<T> {
     /// A fresh model over `table`, which must be empty and made with the
     /// local table's settings for `config` (see `table::open_redis`), and
     /// an MLP initialized from the seed.
@@ -223,7 +226,7 @@ impl<T: CtrTable> Trainer<T> {
             Err(e) => return Err(e.into()),
         };
         if let Some(max) = self.config.max_size {
-            if self.table.rows()? > max {
+            if self.table.size()? > max {
                 self.evicted += self.table.restrict(reserved_rows(max), max)?;
             }
         }
@@ -322,13 +325,16 @@ pub struct ReloadCheck {
 /// the table), and bit-identical predictions on `eval`. An error says what
 /// differs; a trained model with an empty table (nothing trained) is an
 /// error too, since there would be nothing to compare.
-pub fn check_reload<A: CtrTable, B: CtrTable>(
+pub fn check_reload<
+    A: EmbeddingTable<Key = i64> + 'static,
+    B: EmbeddingTable<Key = i64> + 'static,
+>(
     trained: &Trainer<A>,
     reloaded: &Trainer<B>,
     eval: &Batch,
 ) -> Result<ReloadCheck> {
     let (a, b) = (trained.table(), reloaded.table());
-    let (a_rows, b_rows) = (a.rows()?, b.rows()?);
+    let (a_rows, b_rows) = (a.size()?, b.size()?);
     if a_rows == 0 {
         return Err("reload check: the trained table is empty (nothing was trained)".into());
     }
@@ -392,18 +398,20 @@ pub fn check_reload<A: CtrTable, B: CtrTable>(
 /// `min(count, size)` keys of `table`, spread evenly over its export
 /// order: the keys at positions `k * size / count` (every key of a table of
 /// at most `count` rows).
-pub fn sample_keys(table: &impl CtrTable, count: usize) -> Result<Vec<i64>> {
-    let size = table.rows()?;
+pub fn sample_keys(table: &impl EmbeddingTable<Key = i64>, count: usize) -> Result<Vec<i64>> {
+    let size = table.size()?;
     let count = count.min(size);
     let target = |k: usize| (k as u128 * size as u128 / count.max(1) as u128) as usize;
     let mut keys = Vec::with_capacity(count);
     let mut index = 0;
-    table.for_each_key(&mut |key| {
-        if keys.len() < count && index == target(keys.len()) {
-            keys.push(key);
+    for chunk in table.export_chunks(KEYS_PER_CHUNK) {
+        for key in chunk?.0 {
+            if keys.len() < count && index == target(keys.len()) {
+                keys.push(key);
+            }
+            index += 1;
         }
-        index += 1;
-    })?;
+    }
     Ok(keys)
 }
 
