@@ -79,3 +79,76 @@ pub fn check_slot_list(store_id: u64, name: &str, slots: &[SlotId]) -> Result<()
     }
     Ok(())
 }
+
+/// Checks a request to create the slot columns `slots` (name, initial
+/// value) in the table called `table`, whose columns are `existing` (name,
+/// initial value, in index order), as every storage's `create_slots`
+/// checks it: each entry's existing index, or `None` if it is to be
+/// created. An error if a name is empty or longer than
+/// [`MAX_NAME_BYTES`](crate::MAX_NAME_BYTES), an existing slot's (or an
+/// earlier entry's) initial value differs ([`slot_mismatch`]; `0.0` equals
+/// `-0.0`), a new initial value is not finite, or the new columns do not
+/// fit in [`MAX_SLOTS`] ([`slot_room_error`]).
+pub fn plan_slots(
+    table: &str,
+    existing: &[(&str, f32)],
+    slots: &[(&str, f32)],
+) -> Result<Vec<Option<usize>>> {
+    let mut planned = Vec::with_capacity(slots.len());
+    let mut new: Vec<(&str, f32)> = Vec::new();
+    for (i, &(name, initial)) in slots.iter().enumerate() {
+        if name.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "variable {table:?}: a slot name must not be empty"
+            )));
+        }
+        crate::check_name("slot name", name)?;
+        if let Some(index) = existing.iter().position(|&(n, _)| n == name) {
+            let was = existing[index].1;
+            if was != initial {
+                return Err(slot_mismatch(table, name, was, initial));
+            }
+            planned.push(Some(index));
+            continue;
+        }
+        if !initial.is_finite() {
+            return Err(Error::NonFinite {
+                what: "slot initial value",
+                index: i,
+                value: initial,
+            });
+        }
+        match new.iter().find(|&&(n, _)| n == name) {
+            Some(&(_, earlier)) if earlier != initial => {
+                return Err(slot_mismatch(table, name, earlier, initial))
+            }
+            Some(_) => {}
+            None => new.push((name, initial)),
+        }
+        planned.push(None);
+    }
+    if existing.len() + new.len() > MAX_SLOTS {
+        let names: Vec<&str> = new.iter().map(|&(n, _)| n).collect();
+        return Err(slot_room_error(table, existing.len(), &names));
+    }
+    Ok(planned)
+}
+
+/// [`Error::Mismatch`] for the slot `name` of `table`, which starts at
+/// `existing`, asked for again with another `initial` value.
+pub fn slot_mismatch(table: &str, name: &str, existing: f32, initial: f32) -> Error {
+    Error::Mismatch {
+        name: format!("{table}/{name}"),
+        existing: format!("slot with initial value {existing}"),
+        requested: format!("initial value {initial}"),
+    }
+}
+
+/// [`Error::InvalidArgument`] for the slots `new` that do not fit beside
+/// the `existing` columns of `table` ([`MAX_SLOTS`] at most).
+pub fn slot_room_error(table: &str, existing: usize, new: &[&str]) -> Error {
+    Error::InvalidArgument(format!(
+        "variable {table:?} has {existing} slot column(s); adding {new:?} would make {}, more than the {MAX_SLOTS} a variable may have",
+        existing + new.len()
+    ))
+}

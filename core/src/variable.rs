@@ -564,60 +564,18 @@ impl<K: Key> Variable<K> {
         self.plan_slots(&names, slots).map(|_| ())
     }
 
-    /// Checks a request for `slots` against the existing slot names
-    /// `existing`: each one's index if it exists, `None` if it is to be
-    /// created; an error if any name is bad, an existing slot's (or an
-    /// earlier entry's) initial value differs, a new initial value is not
-    /// finite, or the new slots do not fit in [`MAX_SLOTS`](crate::MAX_SLOTS).
-    fn plan_slots(&self, existing: &[String], slots: &[(&str, f32)]) -> Result<Vec<Option<usize>>> {
-        let mut planned = Vec::with_capacity(slots.len());
-        let mut new: Vec<(&str, f32)> = Vec::new();
-        for (i, &(name, initial)) in slots.iter().enumerate() {
-            if name.is_empty() {
-                return Err(Error::InvalidArgument(format!(
-                    "variable {:?}: a slot name must not be empty",
-                    self.name()
-                )));
-            }
-            crate::check_name("slot name", name)?;
-            let mismatch = |existing: f32| Error::Mismatch {
-                name: format!("{}/{name}", self.name()),
-                existing: format!("slot with initial value {existing}"),
-                requested: format!("initial value {initial}"),
-            };
-            if let Some(index) = existing.iter().position(|s| s == name) {
-                let was = self.inner.shards[0].slot_initial(index).unwrap_or_default();
-                if was != initial {
-                    return Err(mismatch(was));
-                }
-                planned.push(Some(index));
-                continue;
-            }
-            if !initial.is_finite() {
-                return Err(Error::NonFinite {
-                    what: "slot initial value",
-                    index: i,
-                    value: initial,
-                });
-            }
-            match new.iter().find(|(n, _)| *n == name) {
-                Some(&(_, earlier)) if earlier != initial => return Err(mismatch(earlier)),
-                Some(_) => {}
-                None => new.push((name, initial)),
-            }
-            planned.push(None);
-        }
-        if existing.len() + new.len() > crate::MAX_SLOTS {
-            let names: Vec<&str> = new.iter().map(|(n, _)| *n).collect();
-            return Err(Error::InvalidArgument(format!(
-                "variable {:?} has {} slot column(s); adding {names:?} would make {}, more than the {} a variable may have",
-                self.name(),
-                existing.len(),
-                existing.len() + new.len(),
-                crate::MAX_SLOTS
-            )));
-        }
-        Ok(planned)
+    /// [`checks::plan_slots`](crate::checks::plan_slots) against this
+    /// variable's slot columns `names`.
+    fn plan_slots(&self, names: &[String], slots: &[(&str, f32)]) -> Result<Vec<Option<usize>>> {
+        let existing: Vec<(&str, f32)> = names
+            .iter()
+            .enumerate()
+            .map(|(index, name)| {
+                let initial = self.inner.shards[0].slot_initial(index).unwrap_or_default();
+                (name.as_str(), initial)
+            })
+            .collect();
+        crate::checks::plan_slots(self.name(), &existing, slots)
     }
 
     fn slot_at(&self, index: usize) -> SlotId {
@@ -656,14 +614,33 @@ impl<K: Key> Variable<K> {
     /// The value every row of `slot` starts at.
     pub fn slot_initial(&self, slot: SlotId) -> Result<f32> {
         self.check_slot(slot)?;
-        Ok(self.inner.shards[0]
+        self.inner.shards[0]
             .slot_initial(slot.index)
-            .unwrap_or_default())
+            .ok_or_else(|| self.no_slot(slot))
     }
 
-    /// Checks that `slot` belongs to this variable.
+    /// Checks that `slot` is a column of this variable.
     fn check_slot(&self, slot: SlotId) -> Result<()> {
-        crate::checks::check_slot(self.inner.id, self.name(), slot)
+        crate::checks::check_slot(self.inner.id, self.name(), slot)?;
+        let slots = self
+            .inner
+            .slots
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        if slot.index < slots.len() {
+            Ok(())
+        } else {
+            Err(self.no_slot(slot))
+        }
+    }
+
+    /// The error of a slot id of this variable whose column does not exist.
+    fn no_slot(&self, slot: SlotId) -> Error {
+        Error::InvalidArgument(format!(
+            "variable {:?} has no slot {}",
+            self.name(),
+            slot.index
+        ))
     }
 
     /// Copies `slot`'s rows of `keys` into `out` (`keys.len() * dim`
@@ -715,6 +692,9 @@ impl<K: Key> Variable<K> {
         mut update: impl FnMut(usize, &mut [f32], &mut [f32]),
     ) -> Result<()> {
         check_slot_list(self.inner.id, self.name(), slots)?;
+        for &slot in slots {
+            self.check_slot(slot)?;
+        }
         let slot_indexes: Vec<usize> = slots.iter().map(|s| s.index).collect();
         let init = &self.inner.initializer;
         let mut refused = Refused::default();

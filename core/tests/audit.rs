@@ -55,8 +55,8 @@ fn non_finite(r: dynemb::Result<()>) -> (&'static str, usize, f32) {
 
 // ---------------------------------------------------------------- accum overflow
 
-/// `3e38 + 3e38` used to store `inf`: a later save wrote it and restore
-/// refused the checkpoint. The overflowing row is refused, alone.
+/// `3e38 + 3e38` is not stored (a save would write `inf` and a restore
+/// refuse the checkpoint): the overflowing row is refused, alone.
 #[test]
 fn accum_overflow_is_refused_per_row_keeping_values_and_score() {
     let dim = 4;
@@ -131,8 +131,8 @@ fn accum_overflow_names_the_first_position_over_all_shards() {
     assert_eq!(rows(&v)[&1], [2.0f32.to_bits()]);
 }
 
-/// The scenario: what a variable holds after overflowing
-/// accumulations saves and restores.
+/// What a variable holds after overflowing accumulations saves and
+/// restores.
 #[test]
 fn a_variable_after_accum_overflow_saves_and_restores() {
     let dir = tempfile::tempdir().unwrap();
@@ -332,9 +332,10 @@ fn a_slot_of_another_variable_is_an_error_that_changes_nothing() {
 }
 
 /// A `SlotId` made by hand with this variable's id but an index past
-/// `MAX_SLOTS` is refused, not an out-of-bounds panic.
+/// `MAX_SLOTS`, or of a column that does not exist, is refused (not an
+/// out-of-bounds panic, not a silent default).
 #[test]
-fn a_slot_index_past_max_slots_is_an_error_not_a_panic() {
+fn a_slot_index_past_max_slots_or_without_a_column_is_an_error() {
     use dynemb::{EmbeddingStore, SlotId, MAX_SLOTS};
     let v = Variable::<u64>::builder("far").dim(2).build().unwrap();
     v.upsert(&[1], &[1.0; 2]).unwrap();
@@ -343,6 +344,21 @@ fn a_slot_index_past_max_slots_is_an_error_not_a_panic() {
     let mut called = false;
     let r = v.update_rows(&[1], &[far], |_, _, _| called = true);
     assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+    assert!(!called);
+    assert_eq!(rows(&v), before);
+    // An index below MAX_SLOTS with no column behind it: the same, for
+    // every call that takes a slot.
+    let missing = SlotId::new(v.store_id(), 3);
+    let r = v.update_rows(&[1], &[missing], |_, _, _| called = true);
+    assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+    assert!(matches!(
+        v.slot_initial(missing),
+        Err(Error::InvalidArgument(_))
+    ));
+    let mut out = [SENTINEL; 2];
+    let r = v.lookup_slot(missing, &[1], &mut out);
+    assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+    assert_eq!(out, [SENTINEL; 2]);
     assert!(!called);
     assert_eq!(rows(&v), before);
 }

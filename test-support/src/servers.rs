@@ -188,8 +188,9 @@ pub struct Server {
 impl Server {
     /// A server without persistence, loading `dynemb-redis-module` when
     /// it can be built here ([`module_path`]; else variables on it run
-    /// their writes as Lua scripts, see [`Server::has_module`]); `None`
-    /// after a [`skip`] if `redis-server` is not found.
+    /// their writes as Lua scripts, see [`Server::has_module`] and
+    /// [`Server::start_with`]); `None` after a [`skip`] if `redis-server`
+    /// is not found.
     pub fn start() -> Option<Server> {
         Server::start_with(&[])
     }
@@ -218,9 +219,22 @@ impl Server {
     /// server exits (`Address already in use`) and the start is tried
     /// again on another port; a server that answers on the port but is
     /// not this one never counts as started (see [`Server::answers`]).
+    ///
+    /// Without the module, the test's variables run the Lua scripts only:
+    /// that is said on a [`skip`] line (a failure under
+    /// `DYNEMB_REQUIRE_ALL_TESTS=1`), and the test goes on.
     pub fn start_with(extra: &[&str]) -> Option<Server> {
         let program = required(redis_server())?;
-        let module = module_build().as_ref().ok().cloned();
+        let module = match module_build() {
+            Ok(path) => Some(path.clone()),
+            Err(missing) => {
+                skip(
+                    &format!("{missing} (the module's form is not tested)"),
+                    INSTALL_LIBCLANG,
+                );
+                None
+            }
+        };
         Some(Server::launch(program, extra, module))
     }
 

@@ -183,12 +183,9 @@ end
 /// on locals ([`add_chunk`]), with one `struct.unpack` per operand and
 /// one `struct.pack` per chunk; the generic loop over tables, which
 /// `{struct.unpack(...)}` builds, is left for the `dim % ADD_WIDTH`
-/// values at the end. Measured on one server (256 rows of dim 64 a call):
-/// about 9 µs of script time a row instead of 10; nearly all of what is
-/// left is `struct`'s conversions (two unpacks and a pack of 64 values,
-/// about 1.9 µs each), against about 3.5 µs a row for the same script
-/// without the float work, so `accum` costs about three `upsert`s on the
-/// server.
+/// values at the end. Nearly all of the script's time is then `struct`'s
+/// conversions (two unpacks and a pack per row), which is why the module's
+/// native commands exist.
 fn add_row() -> String {
     format!(
         r#"

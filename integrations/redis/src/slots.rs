@@ -90,34 +90,30 @@ impl<K: Key> RedisVariable<K> {
     /// added, whatever other processes create meanwhile. The script is safe
     /// to run twice (a resend finds the slots it added and returns them).
     pub fn create_slots(&self, slots: &[(&str, f32)]) -> Result<Vec<SlotId>> {
-        let distinct = self.distinct_slots(slots)?;
         let cached = self.cached_slots();
-        let find = |name: &str, slots: &[(String, f32)]| {
-            slots
-                .iter()
-                .position(|(n, _)| n == name)
-                .map(|i| (i, slots[i].1))
-        };
-        let mut indexes = Vec::with_capacity(distinct.len());
-        for &(name, initial) in &distinct {
-            match find(name, &cached) {
-                Some((index, existing)) => {
-                    indexes.push(self.same_initial(name, index, existing, initial)?.index())
-                }
-                None => break,
+        let planned = dynemb::checks::plan_slots(self.name(), &pairs(&cached), slots)?;
+        // The slots this handle does not know, each once, for the script
+        // (which also finds those another process created meanwhile).
+        let mut new: Vec<(&str, f32)> = Vec::new();
+        for (&(name, initial), plan) in slots.iter().zip(&planned) {
+            if plan.is_none() && !new.iter().any(|&(n, _)| n == name) {
+                new.push((name, initial));
             }
         }
-        if indexes.len() < distinct.len() {
-            indexes = self.run_create_slots(&distinct)?;
-        }
+        let created = if new.is_empty() {
+            Vec::new()
+        } else {
+            self.run_create_slots(&new)?
+        };
         let ids = slots
             .iter()
-            .map(|&(name, _)| {
-                let at = distinct.iter().position(|&(n, _)| n == name);
-                SlotId::new(
-                    self.inner.id,
-                    indexes[at.expect("every name is among the distinct")],
-                )
+            .zip(planned)
+            .map(|(&(name, _), plan)| {
+                let index = plan.unwrap_or_else(|| {
+                    let at = new.iter().position(|&(n, _)| n == name);
+                    created[at.expect("every slot to create is listed")]
+                });
+                SlotId::new(self.inner.id, index)
             })
             .collect();
         Ok(ids)
@@ -129,72 +125,14 @@ impl<K: Key> RedisVariable<K> {
     /// (one round trip; none when every slot is known already). Another
     /// process may create slots between this check and the creation.
     pub fn check_create_slots(&self, slots: &[(&str, f32)]) -> Result<()> {
-        let distinct = self.distinct_slots(slots)?;
         let mut known = self.cached_slots();
-        if distinct
+        if slots
             .iter()
             .any(|(name, _)| !known.iter().any(|(n, _)| n == name))
         {
             known = self.refresh_slots()?;
         }
-        let mut new = Vec::new();
-        for &(name, initial) in &distinct {
-            match known.iter().position(|(n, _)| n == name) {
-                Some(index) => {
-                    self.same_initial(name, index, known[index].1, initial)?;
-                }
-                None => new.push(name),
-            }
-        }
-        self.check_room(known.len(), &new)
-    }
-
-    /// `slots` checked (names, finite initial values) with each name once:
-    /// an [`Error::Mismatch`] if a name comes with two initial values.
-    fn distinct_slots<'a>(&self, slots: &[(&'a str, f32)]) -> Result<Vec<(&'a str, f32)>> {
-        let mut distinct: Vec<(&'a str, f32)> = Vec::with_capacity(slots.len());
-        for (i, &(name, initial)) in slots.iter().enumerate() {
-            if name.is_empty() {
-                return Err(Error::InvalidArgument(format!(
-                    "variable {:?}: a slot name must not be empty",
-                    self.name()
-                )));
-            }
-            dynemb::check_name("slot name", name)?;
-            if !initial.is_finite() {
-                return Err(Error::NonFinite {
-                    what: "initial",
-                    index: i,
-                    value: initial,
-                });
-            }
-            match distinct.iter().find(|(n, _)| *n == name) {
-                Some(&(_, earlier)) => {
-                    self.same_initial(name, 0, earlier, initial)?;
-                }
-                None => distinct.push((name, initial)),
-            }
-        }
-        Ok(distinct)
-    }
-
-    /// An error unless `new` slots fit beside `existing` ones.
-    fn check_room(&self, existing: usize, new: &[&str]) -> Result<()> {
-        if existing + new.len() <= dynemb::MAX_SLOTS {
-            Ok(())
-        } else {
-            Err(self.room_error(existing, new))
-        }
-    }
-
-    /// The error for `new` slots that do not fit beside `existing` ones.
-    fn room_error(&self, existing: usize, new: &[&str]) -> Error {
-        Error::InvalidArgument(format!(
-            "variable {:?} has {existing} slot column(s); adding {new:?} would make {}, more than the {} a variable may have",
-            self.name(),
-            existing + new.len(),
-            dynemb::MAX_SLOTS
-        ))
+        dynemb::checks::plan_slots(self.name(), &pairs(&known), slots).map(drop)
     }
 
     /// Runs [`scripts::CREATE_SLOTS`] for `distinct` (names given once,
@@ -256,7 +194,11 @@ impl<K: Key> RedisVariable<K> {
                     .map(|&(n, _)| n)
                     .filter(|name| !known.iter().any(|(n, _)| n == name))
                     .collect();
-                Err(self.room_error(usize::try_from(count).unwrap_or(usize::MAX), &new))
+                Err(dynemb::checks::slot_room_error(
+                    self.name(),
+                    usize::try_from(count).unwrap_or(usize::MAX),
+                    &new,
+                ))
             }
             b"mismatch" if items.len() == 3 => {
                 let [_, at, bits] = <[redis::Value; 3]>::try_from(items).map_err(unexpected)?;
@@ -270,34 +212,14 @@ impl<K: Key> RedisVariable<K> {
                     usize::try_from(at).ok().and_then(|at| distinct.get(at)),
                     existing,
                 ) {
-                    (Some(&(name, initial)), Some(existing)) => {
-                        self.same_initial(name, 0, existing, initial)?;
-                        Err(unexpected(vec![]))
-                    }
+                    (Some(&(name, initial)), Some(existing)) if existing != initial => Err(
+                        dynemb::checks::slot_mismatch(self.name(), name, existing, initial),
+                    ),
                     _ => Err(unexpected(vec![])),
                 }
             }
             _ => Err(unexpected(items)),
         }
-    }
-
-    /// The slot at `index` if its initial value `existing` equals the
-    /// requested `initial`.
-    fn same_initial(
-        &self,
-        name: &str,
-        index: usize,
-        existing: f32,
-        initial: f32,
-    ) -> Result<SlotId> {
-        if existing != initial {
-            return Err(Error::Mismatch {
-                name: format!("{}/{name}", self.name()),
-                existing: format!("slot with initial value {existing}"),
-                requested: format!("initial value {initial}"),
-            });
-        }
-        Ok(SlotId::new(self.inner.id, index))
     }
 
     /// The slot column called `name` ([`Error::UnknownSlot`] if there is
@@ -352,4 +274,9 @@ impl<K: Key> RedisVariable<K> {
         }
         Ok(())
     }
+}
+
+/// Slot columns as [`dynemb::checks::plan_slots`] takes them.
+fn pairs(slots: &[(String, f32)]) -> Vec<(&str, f32)> {
+    slots.iter().map(|(n, v)| (n.as_str(), *v)).collect()
 }

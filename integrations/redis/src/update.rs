@@ -23,13 +23,9 @@
 //! writes chunk `k - 1` back and reads chunk `k + 1`, both in the same
 //! pipelines (one round trip: the chunks' keys are disjoint, so their
 //! order on the servers does not matter), so the client's work overlaps
-//! the servers' instead of alternating with it (measured: SparseAdam on
-//! 65,536-key batches about a fifth faster than unchunked; one round
-//! trip instead of two for the write-back and the read, about another
-//! fifth; eight chunks of a 65,536-key batch instead of four, about a
-//! tenth more, in an interleaved A/B of three pairs). The update itself
-//! always runs on the calling thread, in order. Decision: a few large
-//! chunks, because each costs a command per bucket on both round trips.
+//! the servers' instead of alternating with it. The update itself always
+//! runs on the calling thread, in order. A few large chunks, because each
+//! costs a command per bucket on both round trips.
 //! A row is still written only if unchanged since its own read, so
 //! chunks change nothing about atomicity; a round that fails (a corrupt
 //! row, a node down) may have written its earlier chunks, as a failed

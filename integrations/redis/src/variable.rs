@@ -204,13 +204,17 @@ impl<K: Key> RedisVariable<K> {
         options.check(&name)?;
         check_redis_options(&name, &options)?;
         config.validate()?;
+        // Every field named, none skipped with `..`: an option added to
+        // TableOptions must be honoured or refused here, never ignored.
         let TableOptions {
             dim,
+            shards: _,
+            partitioner: _,
+            init_size: _,
             initializer,
             trainable,
             checkpoint,
             restrict_policy,
-            ..
         } = options;
         let cluster = Cluster::connect(&config)?;
         let native = config.use_module && cluster.every_node_serves(&scripts::native_commands())?;
@@ -506,6 +510,7 @@ impl<K: Key> RedisVariable<K> {
         exists: &mut [bool],
     ) -> Result<()> {
         let deadline = self.inner.cluster.deadline();
+        check_len("out", batch_len(keys.len(), self.dim())?, out.len())?;
         check_len("exists", keys.len(), exists.len())?;
         self.lookup_rows(keys, out, Some(exists), deadline)
     }

@@ -56,9 +56,8 @@
 //! `sigmoid(f(x) / sqrt(1 + π NOISE_STD² / 8))`, the probit approximation
 //! of `E[sigmoid(f + ε)]`, so its log-loss is (nearly) the floor too.
 //!
-//! **Speed.** About 2M samples/s on one core with 26 fields (the
-//! `streamed` line of `--summary` times batch production only), some 50
-//! times what training consumes, so batches are generated on demand rather
+//! **Speed.** Generation runs far ahead of training (the `streamed` line
+//! of `--summary` times batch production alone), so batches are generated on demand rather
 //! than held in memory (the default 2M samples of 26 ids would take
 //! 416 MB).
 

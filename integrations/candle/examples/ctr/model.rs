@@ -22,7 +22,7 @@ use std::sync::{Arc, PoisonError};
 
 use candle_core::{Device, Module, Tensor, Var};
 use candle_nn::{Linear, VarBuilder, VarMap};
-use dynemb::{EmbeddingStore, Initializer, RestrictPolicy, Variable};
+use dynemb::{EmbeddingStore, Initializer, RestrictPolicy, Variable, VariableBuilder};
 use dynemb_candle::{Embedding, EmbeddingConfig};
 use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
@@ -48,14 +48,19 @@ pub fn row_initializer(seed: u64) -> Initializer {
 /// The restrict policy of the table (evict the least recently trained).
 pub const TABLE_POLICY: RestrictPolicy = RestrictPolicy::Timestamp;
 
-/// The embedding table for `dim`-wide rows, named [`TABLE_NAME`].
-pub fn embedding_table(dim: usize, shards: usize, seed: u64) -> dynemb::Result<Variable<i64>> {
+/// The embedding table's description for `dim`-wide rows, named
+/// [`TABLE_NAME`]: built here as a local table ([`embedding_table`]) or
+/// opened in Redis (`table::open_redis`) from the same settings.
+pub fn table_description(dim: usize, seed: u64) -> VariableBuilder<i64> {
     Variable::<i64>::builder(TABLE_NAME)
         .dim(dim)
-        .shards(shards)
         .initializer(row_initializer(seed))
         .restrict_policy(TABLE_POLICY)
-        .build()
+}
+
+/// The local embedding table for `dim`-wide rows, in `shards` shards.
+pub fn embedding_table(dim: usize, shards: usize, seed: u64) -> dynemb::Result<Variable<i64>> {
+    table_description(dim, seed).shards(shards).build()
 }
 
 /// Field embeddings (in a table of type `T`) and the MLP on top of them.

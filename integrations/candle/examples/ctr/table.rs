@@ -14,7 +14,7 @@
 use dynemb_redis::{RedisConfig, RedisVariable};
 
 use crate::config::RedisChoice;
-use crate::model::{row_initializer, TABLE_NAME, TABLE_POLICY};
+use crate::model::table_description;
 
 /// Opens the Redis table `choice` describes for `dim`-wide rows from
 /// `seed` (the local table's settings), and clears it if `clear`; returns
@@ -30,24 +30,19 @@ pub fn open_redis(
         prefix: choice.prefix.clone(),
         ..RedisConfig::default()
     };
-    let table = RedisVariable::open(
-        dynemb::Variable::<i64>::builder(TABLE_NAME)
-            .dim(dim)
-            .initializer(row_initializer(seed))
-            .restrict_policy(TABLE_POLICY),
-        config,
-    )
-    .map_err(|error| -> Box<dyn std::error::Error> {
-        match error {
-            dynemb::Error::Mismatch { .. } => format!(
-                "{error} (a table left by a run with other settings: choose another \
+    let table = RedisVariable::open(table_description(dim, seed), config).map_err(
+        |error| -> Box<dyn std::error::Error> {
+            match error {
+                dynemb::Error::Mismatch { .. } => format!(
+                    "{error} (a table left by a run with other settings: choose another \
                      --redis-prefix than {:?})",
-                choice.prefix
-            )
-            .into(),
-            other => other.into(),
-        }
-    })?;
+                    choice.prefix
+                )
+                .into(),
+                other => other.into(),
+            }
+        },
+    )?;
     let left = table.size()?;
     if clear && left > 0 {
         table.clear()?;

@@ -3,8 +3,7 @@
 //! `dynemb-redis` makes every write that depends on a row's current state
 //! atomic by running it on the server, as one Lua script call per bucket.
 //! Lua's `struct` conversions make `accum`'s float additions the largest
-//! cost on the server (three 64-float conversions a row, about 1.9 µs
-//! each). This module does the same writes in Rust: load it into every
+//! cost on the server (three conversions of a row's floats). This module does the same writes in Rust: load it into every
 //! node (`redis-server --loadmodule .../libdynemb_redis_module.so`, or
 //! `loadmodule` in `redis.conf`) and `dynemb-redis` sends these commands
 //! instead of the scripts (see its `RedisConfig::use_module`).
