@@ -5,7 +5,7 @@
 //! [`Error`] a caller can match on, naming the argument.
 
 use crate::raw::kernels::first_non_finite;
-use crate::{Error, Result, SlotId, MAX_SLOTS};
+use crate::{Error, RestrictPolicy, Result, SlotId, MAX_SLOTS};
 
 /// `Ok` if a buffer called `what` holds `expected` items, else
 /// [`Error::LengthMismatch`].
@@ -151,4 +151,29 @@ pub fn slot_room_error(table: &str, existing: usize, new: &[&str]) -> Error {
         "variable {table:?} has {existing} slot column(s); adding {new:?} would make {}, more than the {MAX_SLOTS} a variable may have",
         existing + new.len()
     ))
+}
+
+/// The restrict policy `policy` of the table `table`, or
+/// [`Error::InvalidArgument`] if it has none (for `restrict`).
+pub fn check_restrict_policy(
+    table: &str,
+    policy: Option<RestrictPolicy>,
+) -> Result<RestrictPolicy> {
+    policy.ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "variable {table:?} has no restrict policy (set one with VariableBuilder::restrict_policy)"
+        ))
+    })
+}
+
+/// `Ok` if an export's chunks may hold `rows_per_chunk` rows (at least 1),
+/// else [`Error::InvalidArgument`].
+pub fn check_rows_per_chunk(rows_per_chunk: usize) -> Result<()> {
+    if rows_per_chunk == 0 {
+        Err(Error::InvalidArgument(
+            "rows_per_chunk must be at least 1".into(),
+        ))
+    } else {
+        Ok(())
+    }
 }

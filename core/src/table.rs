@@ -11,6 +11,13 @@
 //! implementation here wraps them in `Ok`. The semantics of each method
 //! are [`Variable`]'s inherent method of the same name; a storage that
 //! differs says so in its docs.
+//!
+//! The trait is used through generics, not `dyn` (as [`EmbeddingStore`],
+//! whose `update_rows` takes a closure): `export_chunks` returns an
+//! `impl Iterator` so a stream costs no allocation per chunk, and the
+//! checkpoint methods take any `AsRef<Path>`. A program that picks its
+//! storage at run time calls one generic function with either table, as
+//! the ctr example does.
 
 use crate::{EmbeddingStore, Initializer, Key, RestrictPolicy, Result, Variable};
 use std::path::Path;

@@ -472,11 +472,9 @@ impl<K: Key> Variable<K> {
             if failed {
                 return None;
             }
-            if rows_per_chunk == 0 {
+            if let Err(error) = crate::checks::check_rows_per_chunk(rows_per_chunk) {
                 failed = true;
-                return Some(Err(Error::InvalidArgument(
-                    "rows_per_chunk must be at least 1".into(),
-                )));
+                return Some(Err(error));
             }
             while let Some(table) = self.inner.shards.get(shard) {
                 let values = ExportColumns {
@@ -735,12 +733,7 @@ impl<K: Key> Variable<K> {
     /// scores when it reaches them, and never a row whose score was above
     /// the selection threshold then.
     pub fn restrict(&self, num_reserved: usize, trigger: usize) -> Result<usize> {
-        if self.restrict_policy().is_none() {
-            return Err(Error::InvalidArgument(format!(
-                "variable {:?} has no restrict policy (set one with VariableBuilder::restrict_policy)",
-                self.name()
-            )));
-        }
+        crate::checks::check_restrict_policy(self.name(), self.restrict_policy())?;
         if self.size() <= trigger {
             return Ok(0);
         }

@@ -63,7 +63,7 @@ use crate::layout::{self, Row};
 use crate::reply;
 use crate::scripts;
 use crate::variable::{restoring_error, RedisVariable, BUCKETS_PER_ROUND_TRIP};
-use dynemb::{Error, Key, Result};
+use dynemb::{Key, Result};
 use redis::Value;
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -275,7 +275,9 @@ impl<K: Key> RedisVariable<K> {
         rows_per_chunk: usize,
     ) -> impl Iterator<Item = Result<(Vec<K>, Vec<f32>)>> + '_ {
         let dim = self.dim();
-        let mut scan = (rows_per_chunk > 0)
+        let mut refused = dynemb::checks::check_rows_per_chunk(rows_per_chunk).err();
+        let mut scan = refused
+            .is_none()
             .then(|| Scan::new(self, rows_per_chunk.min(EXPORT_ROWS_PER_GROUP), Vec::new()));
         let mut failed = false;
         let mut buffered: VecDeque<(Vec<K>, Vec<f32>)> = VecDeque::new();
@@ -285,9 +287,7 @@ impl<K: Key> RedisVariable<K> {
             }
             let Some(scan) = scan.as_mut() else {
                 failed = true;
-                return Some(Err(Error::InvalidArgument(
-                    "rows_per_chunk must be at least 1".into(),
-                )));
+                return refused.take().map(Err);
             };
             loop {
                 if let Some(chunk) = buffered.pop_front() {
@@ -338,12 +338,7 @@ impl<K: Key> RedisVariable<K> {
     /// are exact when nobody writes meanwhile. A failure part-way (a node
     /// down) may leave some groups pruned and others not.
     pub fn restrict(&self, num_reserved: usize, trigger: usize) -> Result<usize> {
-        if self.restrict_policy().is_none() {
-            return Err(Error::InvalidArgument(format!(
-                "variable {:?} has no restrict policy (set one with VariableBuilder::restrict_policy)",
-                self.name()
-            )));
-        }
+        dynemb::checks::check_restrict_policy(self.name(), self.restrict_policy())?;
         let size = self.size()?;
         if size <= trigger || size <= num_reserved {
             return Ok(0);
