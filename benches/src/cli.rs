@@ -16,40 +16,122 @@
 //! still apply on top. The sweep keeps the main configuration's bytes of rows:
 //! `keys * 64 / dim` keys, at most `keys` (dim 8: `keys`, dim 256: `keys /
 //! 4`); the `apply` configuration at dim 16 has `keys` keys. `--ops` selects
-//! what runs (see [`USAGE`]); a configuration left with nothing to run is
+//! what runs (see `--help`); a configuration left with nothing to run is
 //! skipped.
 
 use crate::peers::{Op, System};
 use crate::suite::{Config, Plan};
 use crate::workload::Shape;
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use clap::Parser;
 use std::path::PathBuf;
 
-/// Usage text, printed by `--help` and after a flag error.
-pub const USAGE: &str = "\
-usage: compare [--keys N] [--dim D[,D..]] [--threads T[,T..]] [--batch B] [--json FILE]
-               [--quick] [--systems S[,S..]] [--ops O[,O..]] [--repeats R]
+/// The `compare` command line as clap reads it; [`Cli::options`] turns it
+/// into [`Options`].
+#[derive(Debug, Parser)]
+#[command(
+    name = "compare",
+    about = "dynemb, its peers and the dense reference on one workload, one system after another",
+    long_about = None
+)]
+pub struct Cli {
+    /// Keys in the table (default 8388608; --quick: 1048576).
+    #[arg(long, value_name = "N", value_parser = keys)]
+    keys: Option<usize>,
+    /// Values per row: only these dims, every selected op at each, the first
+    /// is the main one (default 64, plus a sweep of dims 8 and 256 for lookup
+    /// hit, upsert and accum, and dim 16 for apply).
+    #[arg(long = "dim", value_name = "D,..", value_delimiter = ',', value_parser = positive)]
+    dims: Vec<usize>,
+    /// Thread counts to run every op at.
+    #[arg(long, value_name = "T,..", value_delimiter = ',', value_parser = positive, default_value = "1,2")]
+    threads: Vec<usize>,
+    /// Keys per batch.
+    #[arg(long, value_name = "B", value_parser = positive, default_value = "65536")]
+    batch: usize,
+    /// Also write every figure as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// 1048576 keys, dim 64 only, fewer keys per run and rounds, of the
+    /// optimizer steps only SparseAdam's unless --ops selects others (CI).
+    #[arg(long)]
+    quick: bool,
+    /// Systems to run (default all).
+    #[arg(
+        long,
+        value_name = "S,..",
+        value_delimiter = ',',
+        value_parser = PossibleValuesParser::new(SYSTEM_NAMES)
+            .map(|s| System::from_name(&s).expect("a listed name")),
+    )]
+    systems: Vec<System>,
+    /// What to run (default all): lookup (hit, uniform and zipf), miss
+    /// (constant and random normal init), upsert, accum, insert, remove,
+    /// export, resize (under load), checkpoint (dynemb's save and restore),
+    /// apply (optimizer steps: SparseSgd, SparseAdagrad, SparseAdam, uniform
+    /// and zipf), apply-sgd, apply-adagrad, apply-adam, redis (dynemb-redis on
+    /// a 3-master Redis Cluster the bench starts: --keys keys, default
+    /// 1000000, the first --dim; by default only when redis-server is
+    /// installed, and not with --quick).
+    #[arg(
+        long,
+        value_name = "O,..",
+        value_delimiter = ',',
+        hide_possible_values = true,
+        value_parser = PossibleValuesParser::new(Selection::NAMES)
+            .map(|s| Selection::from_name(&s).expect("a listed name")),
+    )]
+    ops: Option<Vec<Selection>>,
+    /// Rounds of the steady-state ops and optimizer steps (default 5;
+    /// --quick: 3).
+    #[arg(long, value_name = "R", value_parser = positive)]
+    repeats: Option<usize>,
+}
 
-  --keys N        keys in the table (default 8388608; --quick: 1048576)
-  --dim D,..      values per row; only these dims, every selected op at each, the first
-                  is the main one (default 64, plus a sweep of dims 8 and 256 for lookup
-                  hit, upsert and accum, and dim 16 for apply)
-  --threads T,..  thread counts to run every op at (default 1,2)
-  --batch B       keys per batch (default 65536)
-  --json FILE     also write every figure as JSON to FILE
-  --quick         1048576 keys, dim 64 only, fewer keys per run and rounds, of the
-                  optimizer steps only SparseAdam's unless --ops selects others (CI)
-  --systems S,..  systems to run (default all): dynemb, dashmap, papaya, scc,
-                  hashbrown, dense
-  --ops O,..      what to run (default all): lookup (hit, uniform and zipf), miss
-                  (constant and random normal init), upsert, accum, insert, remove,
-                  export, resize (under load), checkpoint (dynemb's save and restore),
-                  apply (optimizer steps: SparseSgd, SparseAdagrad, SparseAdam, uniform
-                  and zipf), apply-sgd, apply-adagrad, apply-adam, redis (dynemb-redis on
-                  a 3-master Redis Cluster the bench starts: --keys keys, default 1000000,
-                  the first --dim; by default only when redis-server is installed, and
-                  not with --quick)
-  --repeats R     rounds of the steady-state ops and optimizer steps (default 5; --quick: 3)
-  -h, --help      this text";
+/// The names `--systems` knows.
+const SYSTEM_NAMES: [&str; 6] = ["dynemb", "dashmap", "papaya", "scc", "hashbrown", "dense"];
+
+impl Cli {
+    /// The options this command line describes: lists without repeats,
+    /// `--ops` names resolved to ops.
+    pub fn options(self) -> Options {
+        let mut o = Options {
+            keys: self.keys,
+            dims: dedup(self.dims),
+            threads: dedup(self.threads),
+            batch: self.batch,
+            json: self.json,
+            quick: self.quick,
+            repeats: self.repeats,
+            ..Options::default()
+        };
+        if !self.systems.is_empty() {
+            o.systems = dedup(self.systems);
+        }
+        if let Some(selected) = self.ops {
+            o.ops = Some(
+                Op::ALL
+                    .into_iter()
+                    .filter(|op| selected.iter().any(|s| s.ops().contains(op)))
+                    .collect(),
+            );
+            o.resize = selected.contains(&Selection::Resize);
+            o.checkpoint = selected.contains(&Selection::Checkpoint);
+            o.redis = Some(selected.contains(&Selection::Redis));
+        }
+        o
+    }
+}
+
+/// The options of the command line `args` (the program name first); the
+/// error prints the usage or `--help` text when exited with.
+pub fn parse_from<I, T>(args: I) -> Result<Options, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    Cli::try_parse_from(args).map(Cli::options)
+}
 
 /// The parsed command line.
 #[derive(Debug, Clone, PartialEq)]
@@ -99,70 +181,6 @@ impl Default for Options {
             repeats: None,
         }
     }
-}
-
-/// What the command line asks for.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Command {
-    /// Run the benchmark.
-    Run(Options),
-    /// Print the usage text.
-    Help,
-}
-
-/// Parses the arguments after the program name.
-pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> {
-    let mut o = Options::default();
-    let mut args = args.into_iter();
-    while let Some(flag) = args.next() {
-        let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "-h" | "--help" => return Ok(Command::Help),
-            "--quick" => o.quick = true,
-            "--keys" => o.keys = Some(positive(&flag, &value()?)?),
-            "--dim" => o.dims = list(&value()?, |s| positive(&flag, s))?,
-            "--batch" => o.batch = positive(&flag, &value()?)?,
-            "--repeats" => o.repeats = Some(positive(&flag, &value()?)?),
-            "--json" => o.json = Some(PathBuf::from(value()?)),
-            "--threads" => {
-                o.threads = list(&value()?, |s| positive(&flag, s))?;
-            }
-            "--systems" => {
-                o.systems = list(&value()?, |s| {
-                    System::from_name(s).ok_or_else(|| {
-                        format!(
-                            "--systems: unknown system {s:?} (known: dynemb, dashmap, papaya, \
-                             scc, hashbrown, dense)"
-                        )
-                    })
-                })?;
-            }
-            "--ops" => {
-                let selected = list(&value()?, |s| {
-                    Selection::from_name(s).ok_or_else(|| {
-                        format!(
-                            "--ops: unknown op {s:?} (known: {})",
-                            Selection::NAMES.join(", ")
-                        )
-                    })
-                })?;
-                o.ops = Some(
-                    Op::ALL
-                        .into_iter()
-                        .filter(|op| selected.iter().any(|s| s.ops().contains(op)))
-                        .collect(),
-                );
-                o.resize = selected.contains(&Selection::Resize);
-                o.checkpoint = selected.contains(&Selection::Checkpoint);
-                o.redis = Some(selected.contains(&Selection::Redis));
-            }
-            other => return Err(format!("unknown flag {other:?}")),
-        }
-    }
-    if o.keys.is_some_and(|k| k >= u32::MAX as usize) {
-        return Err("--keys must be below 2^32".into());
-    }
-    Ok(Command::Run(o))
 }
 
 /// What one name of `--ops` selects.
@@ -227,26 +245,32 @@ impl Selection {
     }
 }
 
-fn positive(flag: &str, s: &str) -> Result<usize, String> {
-    match s.replace('_', "").parse::<usize>() {
+/// A positive integer; `_` may separate digits (`4_000_000`).
+fn positive(s: &str) -> Result<usize, String> {
+    match s.trim().replace('_', "").parse::<usize>() {
         Ok(n) if n > 0 => Ok(n),
-        _ => Err(format!("{flag}: expected a positive integer, got {s:?}")),
+        _ => Err("expected a positive integer".into()),
     }
 }
 
-/// A comma-separated list, without duplicates, in the order given.
-fn list<T: PartialEq>(s: &str, item: impl Fn(&str) -> Result<T, String>) -> Result<Vec<T>, String> {
-    let mut out = Vec::new();
-    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let v = item(part)?;
+/// A key count: a positive integer below 2^32.
+fn keys(s: &str) -> Result<usize, String> {
+    let n = positive(s)?;
+    if n >= u32::MAX as usize {
+        return Err("must be below 2^32".into());
+    }
+    Ok(n)
+}
+
+/// `items` without repeats, in the order given.
+fn dedup<T: PartialEq>(items: Vec<T>) -> Vec<T> {
+    let mut out = Vec::with_capacity(items.len());
+    for v in items {
         if !out.contains(&v) {
             out.push(v);
         }
     }
-    if out.is_empty() {
-        return Err(format!("expected a comma-separated list, got {s:?}"));
-    }
-    Ok(out)
+    out
 }
 
 /// Seed of every workload.
@@ -353,11 +377,18 @@ impl Options {
 mod tests {
     use super::*;
 
+    use clap::error::ErrorKind;
+    use clap::CommandFactory;
+
     fn run(args: &[&str]) -> Result<Options, String> {
-        match parse(args.iter().map(|s| s.to_string()))? {
-            Command::Run(o) => Ok(o),
-            Command::Help => Err("help".into()),
-        }
+        Cli::try_parse_from(std::iter::once("compare").chain(args.iter().copied()))
+            .map(Cli::options)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn clap_definition_is_valid() {
+        Cli::command().debug_assert();
     }
 
     #[test]
@@ -514,19 +545,23 @@ mod tests {
 
     #[test]
     fn errors_are_clear() {
-        assert_eq!(run(&["--bogus"]).unwrap_err(), "unknown flag \"--bogus\"");
-        assert_eq!(run(&["--keys"]).unwrap_err(), "--keys needs a value");
-        assert!(run(&["--keys", "0"])
-            .unwrap_err()
-            .contains("positive integer"));
-        assert!(run(&["--dim", "x"]).unwrap_err().contains("\"x\""));
-        assert!(run(&["--systems", "redis"])
-            .unwrap_err()
-            .contains("unknown system"));
-        assert!(run(&["--threads", ","]).unwrap_err().contains("list"));
-        assert!(run(&["--ops", "lookup,train"])
-            .unwrap_err()
-            .contains("unknown op \"train\""));
-        assert_eq!(run(&["--help"]).unwrap_err(), "help");
+        let err = |args: &[&str]| run(args).unwrap_err();
+        assert!(err(&["--bogus"]).contains("'--bogus'"));
+        assert!(err(&["--keys"]).contains("'--keys <N>'"));
+        let e = err(&["--keys", "0"]);
+        assert!(
+            e.contains("--keys") && e.contains("positive integer"),
+            "{e}"
+        );
+        assert!(err(&["--keys", "4294967295"]).contains("below 2^32"));
+        let e = err(&["--dim", "x"]);
+        assert!(e.contains("--dim") && e.contains("'x'"), "{e}");
+        let e = err(&["--systems", "redis"]);
+        assert!(e.contains("--systems") && e.contains("'redis'"), "{e}");
+        assert!(err(&["--threads", ","]).contains("--threads"));
+        let e = err(&["--ops", "lookup,train"]);
+        assert!(e.contains("--ops") && e.contains("'train'"), "{e}");
+        let help = Cli::try_parse_from(["compare", "--help"]).unwrap_err();
+        assert_eq!(help.kind(), ErrorKind::DisplayHelp);
     }
 }

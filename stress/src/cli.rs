@@ -10,77 +10,80 @@
 //! Durations are a number with a unit, or several (`90s`, `30m`, `1h30m`,
 //! `500ms`); a bare number is seconds.
 
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use clap::Parser;
 use dynemb::RestrictPolicy;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Usage text, printed by `--help` and after a flag error.
-pub const USAGE: &str = "\
-usage: soak --duration D [--threads N] [--dim D] [--dir PATH] [--keys N] [--shards S]
-            [--batch B] [--policy frequency|timestamp] [--checkpoint-every D]
-            [--audit-every D] [--progress-every D] [--ledger-keys N] [--seed S]
-            [--max-rss-gib G] [--keep-checkpoints]
-
-  --duration D          how long to run the load (required; e.g. 60s, 30m, 1h30m)
-  --threads N           worker threads (default: available parallelism, at least 2)
-  --dim D               values per row (default 16)
-  --dir PATH            checkpoint directory (default <workspace>/target/soak)
-  --keys N              target size of the main variable: it grows to N keys, then
-                        churns between 0.9 N and 1.1 N (default 3000000)
-  --shards S            shards of the main variable (default 8)
-  --batch B             keys per batch (default 1024)
-  --policy P            restrict policy of the main variable (default frequency)
-  --checkpoint-every D  pause between checkpoint rounds (default 20s)
-  --audit-every D       pause between whole-table audits (default 60s)
-  --progress-every D    pause between progress lines (default 10s)
-  --ledger-keys N       ledger keys per kind, update_rows and accum (default 32768)
-  --seed S              seed of the threads' random choices (default 1)
-  --max-rss-gib G       fail if the process's RSS exceeds G GiB (default 6)
-  --keep-checkpoints    leave the checkpoints in --dir at the end (default: removed)
-  -h, --help            this text";
-
 /// The parsed command line.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "soak",
+    about = "A long mixed-load soak of dynemb's Variable that checks exact invariants as it runs",
+    long_about = None
+)]
 pub struct Options {
-    /// `--duration`.
+    /// How long to run the load (e.g. 60s, 30m, 1h30m).
+    #[arg(long, value_name = "D", value_parser = parse_duration)]
     pub duration: Duration,
-    /// `--threads`.
+    /// Worker threads (default: available parallelism, at least 2).
+    #[arg(long, value_name = "N", value_parser = positive, default_value_t = default_threads(), hide_default_value = true)]
     pub threads: usize,
-    /// `--dim`.
+    /// Values per row.
+    #[arg(long, value_name = "D", value_parser = positive, default_value_t = 16)]
     pub dim: usize,
-    /// `--dir`.
+    /// Checkpoint directory (default <workspace>/target/soak).
+    #[arg(long, value_name = "PATH", default_value_os_t = default_dir(), hide_default_value = true)]
     pub dir: PathBuf,
-    /// `--keys`.
+    /// Target size of the main variable: it grows to N keys, then churns
+    /// between 0.9 N and 1.1 N (at least 1000).
+    #[arg(long, value_name = "N", value_parser = keys, default_value_t = 3_000_000)]
     pub keys: usize,
-    /// `--shards`.
+    /// Shards of the main variable.
+    #[arg(long, value_name = "S", value_parser = positive, default_value_t = 8)]
     pub shards: usize,
-    /// `--batch`.
+    /// Keys per batch.
+    #[arg(long, value_name = "B", value_parser = positive, default_value_t = 1024)]
     pub batch: usize,
-    /// `--policy`.
+    /// Restrict policy of the main variable.
+    #[arg(
+        long,
+        value_name = "P",
+        default_value = "frequency",
+        value_parser = PossibleValuesParser::new(["frequency", "timestamp"])
+            .map(|s| RestrictPolicy::from_name(&s).expect("a listed name")),
+    )]
     pub policy: RestrictPolicy,
-    /// `--checkpoint-every`.
+    /// Pause between checkpoint rounds.
+    #[arg(long, value_name = "D", value_parser = parse_duration, default_value = "20s")]
     pub checkpoint_every: Duration,
-    /// `--audit-every`.
+    /// Pause between whole-table audits (longer than zero).
+    #[arg(long, value_name = "D", value_parser = nonzero_duration, default_value = "60s")]
     pub audit_every: Duration,
-    /// `--progress-every`.
+    /// Pause between progress lines (longer than zero).
+    #[arg(long, value_name = "D", value_parser = nonzero_duration, default_value = "10s")]
     pub progress_every: Duration,
-    /// `--ledger-keys`.
+    /// Ledger keys per kind, update_rows and accum (at most 16777216).
+    #[arg(long, value_name = "N", value_parser = ledger_keys, default_value_t = 1 << 15)]
     pub ledger_keys: usize,
-    /// `--seed`.
+    /// Seed of the threads' random choices.
+    #[arg(long, value_name = "S", default_value_t = 1)]
     pub seed: u64,
-    /// `--max-rss-gib`.
+    /// Fail if the process's RSS exceeds G GiB.
+    #[arg(long, value_name = "G", value_parser = positive_number, default_value_t = 6.0)]
     pub max_rss_gib: f64,
-    /// `--keep-checkpoints`.
+    /// Leave the checkpoints in --dir at the end (default: removed).
+    #[arg(long)]
     pub keep_checkpoints: bool,
 }
 
-/// What the command line asks for.
-#[derive(Debug, Clone)]
-pub enum Command {
-    /// Run the soak with these options.
-    Run(Box<Options>),
-    /// Print the usage text.
-    Help,
+/// The default of `--threads`: the available parallelism, at least 2.
+fn default_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(usize::from)
+        .unwrap_or(2)
+        .max(2)
 }
 
 /// The default checkpoint directory: `target/soak` of the workspace.
@@ -93,97 +96,48 @@ fn default_dir() -> PathBuf {
         .join("soak")
 }
 
-/// Parses the flags (without the program name).
-pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> {
-    let threads = std::thread::available_parallelism()
-        .map(usize::from)
-        .unwrap_or(2)
-        .max(2);
-    let mut duration = None;
-    let mut options = Options {
-        duration: Duration::ZERO,
-        threads,
-        dim: 16,
-        dir: default_dir(),
-        keys: 3_000_000,
-        shards: 8,
-        batch: 1024,
-        policy: RestrictPolicy::Frequency,
-        checkpoint_every: Duration::from_secs(20),
-        audit_every: Duration::from_secs(60),
-        progress_every: Duration::from_secs(10),
-        ledger_keys: 1 << 15,
-        seed: 1,
-        max_rss_gib: 6.0,
-        keep_checkpoints: false,
-    };
-    let mut args = args.into_iter();
-    while let Some(flag) = args.next() {
-        let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "-h" | "--help" => return Ok(Command::Help),
-            "--duration" => duration = Some(parse_duration(&value()?)?),
-            "--threads" => options.threads = positive(&flag, &value()?)?,
-            "--dim" => options.dim = positive(&flag, &value()?)?,
-            "--dir" => options.dir = PathBuf::from(value()?),
-            "--keys" => options.keys = positive(&flag, &value()?)?,
-            "--shards" => options.shards = positive(&flag, &value()?)?,
-            "--batch" => options.batch = positive(&flag, &value()?)?,
-            "--policy" => {
-                let name = value()?;
-                options.policy = RestrictPolicy::from_name(&name).ok_or_else(|| {
-                    format!("--policy: {name:?} is neither frequency nor timestamp")
-                })?;
-            }
-            "--checkpoint-every" => options.checkpoint_every = parse_duration(&value()?)?,
-            "--audit-every" => options.audit_every = parse_duration(&value()?)?,
-            "--progress-every" => options.progress_every = parse_duration(&value()?)?,
-            "--ledger-keys" => options.ledger_keys = positive(&flag, &value()?)?,
-            "--seed" => {
-                let text = value()?;
-                options.seed = text
-                    .parse()
-                    .map_err(|_| format!("--seed: {text:?} is not an unsigned integer"))?;
-            }
-            "--max-rss-gib" => {
-                let text = value()?;
-                options.max_rss_gib = text
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|g| *g > 0.0)
-                    .ok_or_else(|| format!("--max-rss-gib: {text:?} is not a positive number"))?;
-            }
-            "--keep-checkpoints" => options.keep_checkpoints = true,
-            other => return Err(format!("unknown flag {other:?}")),
-        }
-    }
-    options.duration = duration.ok_or("--duration is required")?;
-    if options.keys < 1000 {
-        return Err(format!(
-            "--keys must be at least 1000, got {}",
-            options.keys
-        ));
-    }
-    if options.ledger_keys > 1 << 24 {
-        return Err(format!(
-            "--ledger-keys must be at most {}, got {}",
-            1 << 24,
-            options.ledger_keys
-        ));
-    }
-    if options.progress_every.is_zero() || options.audit_every.is_zero() {
-        return Err("--progress-every and --audit-every must be longer than zero".into());
-    }
-    Ok(Command::Run(Box::new(options)))
-}
-
-/// A positive integer flag value.
-fn positive(flag: &str, text: &str) -> Result<usize, String> {
+/// A positive integer; `_` may separate digits (`3_000_000`).
+fn positive(text: &str) -> Result<usize, String> {
     text.replace('_', "")
         .parse::<usize>()
         .ok()
         .filter(|&n| n > 0)
-        .ok_or_else(|| format!("{flag}: {text:?} is not a positive integer"))
+        .ok_or_else(|| "not a positive integer".into())
+}
+
+/// A `--keys` value: an integer of at least 1000.
+fn keys(text: &str) -> Result<usize, String> {
+    let n = positive(text)?;
+    if n < 1000 {
+        return Err("must be at least 1000".into());
+    }
+    Ok(n)
+}
+
+/// A `--ledger-keys` value: a positive integer of at most 2^24.
+fn ledger_keys(text: &str) -> Result<usize, String> {
+    let n = positive(text)?;
+    if n > 1 << 24 {
+        return Err(format!("must be at most {}", 1 << 24));
+    }
+    Ok(n)
+}
+
+/// A positive number, fractions allowed.
+fn positive_number(text: &str) -> Result<f64, String> {
+    text.parse::<f64>()
+        .ok()
+        .filter(|g| *g > 0.0)
+        .ok_or_else(|| "not a positive number".into())
+}
+
+/// A duration longer than zero.
+fn nonzero_duration(text: &str) -> Result<Duration, String> {
+    let d = parse_duration(text)?;
+    if d.is_zero() {
+        return Err("must be longer than zero".into());
+    }
+    Ok(d)
 }
 
 /// Parses `90`, `90s`, `500ms`, `30m`, `2h`, `1h30m`: numbers each followed
@@ -239,21 +193,63 @@ mod tests {
     }
 
     #[test]
+    fn clap_definition_is_valid() {
+        use clap::CommandFactory;
+        Options::command().debug_assert();
+    }
+
+    fn parse(args: &[&str]) -> Result<Options, String> {
+        Options::try_parse_from(std::iter::once("soak").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
     fn flags_parse() {
-        let args = [
+        let options = parse(&[
             "--duration",
             "2m",
             "--threads",
             "3",
             "--policy",
             "timestamp",
-        ];
-        let Ok(Command::Run(options)) = parse(args.iter().map(|s| s.to_string())) else {
-            panic!("should parse");
-        };
+        ])
+        .unwrap();
         assert_eq!(options.duration, Duration::from_secs(120));
         assert_eq!(options.threads, 3);
         assert_eq!(options.policy, RestrictPolicy::Timestamp);
-        assert!(parse(["--threads", "2"].iter().map(|s| s.to_string())).is_err());
+        let options = parse(&["--duration", "30m"]).unwrap();
+        assert_eq!(options.duration, Duration::from_secs(1800));
+        assert!(options.threads >= 2);
+        assert_eq!(
+            (options.dim, options.keys, options.shards),
+            (16, 3_000_000, 8)
+        );
+        assert_eq!(options.policy, RestrictPolicy::Frequency);
+        assert_eq!(options.checkpoint_every, Duration::from_secs(20));
+        assert_eq!(options.ledger_keys, 1 << 15);
+        assert!(options.dir.ends_with("target/soak"));
+        assert!(parse(&["--threads", "2"])
+            .unwrap_err()
+            .contains("--duration"));
+    }
+
+    #[test]
+    fn errors_name_the_flag() {
+        let err = |args: &[&str]| parse(args).unwrap_err();
+        let e = err(&["--duration", "1m", "--keys", "999"]);
+        assert!(e.contains("--keys") && e.contains("at least 1000"), "{e}");
+        let e = err(&["--duration", "1m", "--ledger-keys", "16777217"]);
+        assert!(e.contains("--ledger-keys"), "{e}");
+        let e = err(&["--duration", "1m", "--audit-every", "0s"]);
+        assert!(e.contains("--audit-every"), "{e}");
+        let e = err(&["--duration", "1m", "--policy", "lru"]);
+        assert!(e.contains("--policy") && e.contains("'lru'"), "{e}");
+        let e = err(&["--duration", "1m", "--max-rss-gib", "0"]);
+        assert!(e.contains("--max-rss-gib"), "{e}");
+        let e = err(&["--duration", "soon"]);
+        assert!(
+            e.contains("--duration") && e.contains("not a duration"),
+            "{e}"
+        );
     }
 }

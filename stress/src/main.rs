@@ -114,24 +114,15 @@ mod shared;
 mod stats;
 mod worker;
 
-use cli::{Command, Options};
+use clap::Parser;
+use cli::Options;
 use shared::Shared;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 fn main() -> ExitCode {
-    let options = match cli::parse(std::env::args().skip(1)) {
-        Ok(Command::Run(options)) => *options,
-        Ok(Command::Help) => {
-            println!("{}", cli::USAGE);
-            return ExitCode::SUCCESS;
-        }
-        Err(message) => {
-            eprintln!("soak: {message}\n\n{}", cli::USAGE);
-            return ExitCode::from(2);
-        }
-    };
+    let options = Options::parse();
     // A panic in any thread (the soak's or dynemb's) fails the run at once.
     let default_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {

@@ -10,23 +10,13 @@
 //! Progress goes to stderr; the report (Markdown tables) to stdout. See the
 //! crate docs of `dynemb_benches` for what is measured and how.
 
-use dynemb_benches::cli::{self, Command};
+use dynemb_benches::cli;
 use dynemb_benches::report::{ConfigInfo, Environment, Report, Settings};
 use dynemb_benches::suite::{self, Progress};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let options = match cli::parse(std::env::args().skip(1)) {
-        Ok(Command::Run(options)) => options,
-        Ok(Command::Help) => {
-            println!("{}", cli::USAGE);
-            return ExitCode::SUCCESS;
-        }
-        Err(message) => {
-            eprintln!("compare: {message}\n\n{}", cli::USAGE);
-            return ExitCode::from(2);
-        }
-    };
+    let options = cli::parse_from(std::env::args_os()).unwrap_or_else(|e| e.exit());
     let plan = options.plan();
     let progress = Progress::new();
     let started = std::time::Instant::now();

@@ -14,24 +14,14 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use dynemb_benches::report::Environment;
-use dynemb_benches::train::cli::{self, TrainCommand, TrainOptions};
+use dynemb_benches::train::cli::{self, TrainOptions};
 use dynemb_benches::train::data::{IdStats, Workload, FIELDS, VOCAB, ZIPF_EXPONENT};
 use dynemb_benches::train::malloc::{self, malloc_env};
 use dynemb_benches::train::report::{TrainReport, TrainSettings};
 use dynemb_benches::train::{isolate, Result, BATCH, DIM, SEED};
 
 fn main() -> ExitCode {
-    let options = match cli::parse(std::env::args().skip(1)) {
-        Ok(TrainCommand::Run(options)) => options,
-        Ok(TrainCommand::Help) => {
-            println!("{}", cli::USAGE);
-            return ExitCode::SUCCESS;
-        }
-        Err(message) => {
-            eprintln!("train: {message}\n\n{}", cli::USAGE);
-            return ExitCode::from(2);
-        }
-    };
+    let options = cli::parse_from(std::env::args_os()).unwrap_or_else(|e| e.exit());
     if !options.glibc_malloc {
         if let Err(e) = malloc::reexec_with_tunables(std::env::args_os().skip(1)) {
             eprintln!("train: cannot re-run with GLIBC_TUNABLES: {e}");

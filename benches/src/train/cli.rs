@@ -7,31 +7,111 @@
 
 use std::path::PathBuf;
 
+use clap::builder::PossibleValuesParser;
+use clap::error::ErrorKind;
+use clap::{CommandFactory, Parser};
+
 use crate::train::dynemb_model::Way;
 use crate::train::head::HeadKind;
 use crate::train::run::Steps;
 use crate::train::ModelSpec;
 
-/// Usage text, printed by `--help` and after a flag error.
-pub const USAGE: &str = "\
-usage: train [--quick] [--steps N] [--warmup W] [--threads T] [--models M[,M..]] [--json FILE]
-             [--glibc-malloc] [--run-only INDEX]
+/// The names `--models` knows.
+const MODEL_NAMES: [&str; 3] = ["linear", "hashed", "mlp"];
 
-  --quick         2 warm-up and 3 timed steps per run (CI)
-  --steps N       timed steps per run (default 50; --quick: 3)
-  --warmup W      untimed steps before them (default 10; --quick: 2)
-  --threads T     threads of candle's CPU kernels (default 2), which also run
-                  dynemb-candle's lookup_or_insert, gather and optimizer apply, and of
-                  rayon's pool (candle's matrix products)
-  --models M,..   which models to run, in this order (default all): linear (dynemb +
-                  Linear: layer API, staged), hashed (candle-nn Embedding of 1M rows +
-                  Linear), mlp (dynemb + MLP 256-128-1: layer API, staged)
-  --json FILE     also write every figure as JSON to FILE
-  --glibc-malloc  keep glibc's default malloc settings (default: re-run with GLIBC_TUNABLES
-                  that keep freed memory in the process, unless GLIBC_TUNABLES is set)
-  --run-only I    run only the I-th selected model (from 0), primed, and print its run as
-                  JSON: how the binary runs each model in a process of its own
-  -h, --help      this text";
+/// The `train` command line as clap reads it; [`Cli::options`] turns it
+/// into [`TrainOptions`].
+#[derive(Debug, Parser)]
+#[command(
+    name = "train",
+    about = "Training steps of dynemb's candle layers against the hashing trick with candle-nn",
+    long_about = None
+)]
+pub struct Cli {
+    /// 2 warm-up and 3 timed steps per run (CI).
+    #[arg(long)]
+    quick: bool,
+    /// Timed steps per run (default 50; --quick: 3).
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
+    steps: Option<usize>,
+    /// Untimed steps before them (default 10; --quick: 2).
+    #[arg(long, value_name = "W")]
+    warmup: Option<usize>,
+    /// Threads of candle's CPU kernels, which also run dynemb-candle's
+    /// lookup_or_insert, gather and optimizer apply, and of rayon's pool
+    /// (candle's matrix products).
+    #[arg(long, value_name = "T", default_value_t = 2, value_parser = at_least_one)]
+    threads: usize,
+    /// Which models to run, in this order (default all): linear (dynemb +
+    /// Linear: layer API, staged), hashed (candle-nn Embedding of 1M rows +
+    /// Linear), mlp (dynemb + MLP 256-128-1: layer API, staged).
+    #[arg(
+        long,
+        value_name = "M,..",
+        value_delimiter = ',',
+        hide_possible_values = true,
+        value_parser = PossibleValuesParser::new(MODEL_NAMES),
+    )]
+    models: Option<Vec<String>>,
+    /// Also write every figure as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Keep glibc's default malloc settings (default: re-run with
+    /// GLIBC_TUNABLES that keep freed memory in the process, unless
+    /// GLIBC_TUNABLES is set).
+    #[arg(long)]
+    glibc_malloc: bool,
+    /// Run only the I-th selected model (from 0), primed, and print its run
+    /// as JSON: how the binary runs each model in a process of its own.
+    #[arg(long, value_name = "I")]
+    run_only: Option<usize>,
+}
+
+impl Cli {
+    /// The options this command line describes, or the error of a
+    /// `--run-only` index past the selected models.
+    pub fn options(self) -> Result<TrainOptions, clap::Error> {
+        let (default_warmup, default_steps) = if self.quick { (2, 3) } else { (10, 50) };
+        let names = self
+            .models
+            .unwrap_or_else(|| MODEL_NAMES.map(String::from).to_vec());
+        let models: Vec<ModelSpec> = names
+            .iter()
+            .flat_map(|m| runs_of(m).expect("a listed name"))
+            .collect();
+        if let Some(index) = self.run_only.filter(|&i| i >= models.len()) {
+            return Err(Cli::command().error(
+                ErrorKind::ValueValidation,
+                format!(
+                    "--run-only {index}: only {} models are selected",
+                    models.len()
+                ),
+            ));
+        }
+        Ok(TrainOptions {
+            steps: Steps {
+                warmup: self.warmup.unwrap_or(default_warmup),
+                timed: self.steps.unwrap_or(default_steps),
+            },
+            threads: self.threads,
+            models,
+            json: self.json,
+            quick: self.quick,
+            glibc_malloc: self.glibc_malloc,
+            run_only: self.run_only,
+        })
+    }
+}
+
+/// The options of the command line `args` (the program name first); the
+/// error prints the usage or `--help` text when exited with.
+pub fn parse_from<I, T>(args: I) -> Result<TrainOptions, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    Cli::try_parse_from(args)?.options()
+}
 
 /// The parsed command line.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,13 +132,12 @@ pub struct TrainOptions {
     pub run_only: Option<usize>,
 }
 
-/// What the command line asks for.
-#[derive(Debug, Clone, PartialEq)]
-pub enum TrainCommand {
-    /// Run the benchmark.
-    Run(TrainOptions),
-    /// Print the usage text.
-    Help,
+/// A whole number of at least 1.
+fn at_least_one(s: &str) -> Result<usize, String> {
+    s.parse::<usize>()
+        .ok()
+        .filter(|&n| n >= 1)
+        .ok_or_else(|| "expected a whole number >= 1".into())
 }
 
 /// The runs a `--models` name stands for.
@@ -78,83 +157,21 @@ fn runs_of(name: &str) -> Option<Vec<ModelSpec>> {
     }
 }
 
-/// A count of at least `min`.
-fn count(flag: &str, s: &str, min: usize) -> Result<usize, String> {
-    s.parse::<usize>()
-        .ok()
-        .filter(|&n| n >= min)
-        .ok_or_else(|| format!("{flag}: expected a whole number >= {min}, got {s:?}"))
-}
-
-/// Parses the arguments after the program name.
-pub fn parse(args: impl IntoIterator<Item = String>) -> Result<TrainCommand, String> {
-    let mut args = args.into_iter();
-    let (mut steps, mut warmup, mut threads) = (None, None, 2);
-    let mut models = None;
-    let (mut json, mut quick, mut glibc_malloc, mut run_only) = (None, false, false, None);
-    while let Some(flag) = args.next() {
-        let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "-h" | "--help" => return Ok(TrainCommand::Help),
-            "--quick" => quick = true,
-            "--glibc-malloc" => glibc_malloc = true,
-            "--run-only" => run_only = Some(count(&flag, &value()?, 0)?),
-            "--steps" => steps = Some(count(&flag, &value()?, 1)?),
-            "--warmup" => warmup = Some(count(&flag, &value()?, 0)?),
-            "--threads" => threads = count(&flag, &value()?, 1)?,
-            "--json" => json = Some(PathBuf::from(value()?)),
-            "--models" => {
-                let mut runs = Vec::new();
-                for name in value()?.split(',').map(str::trim) {
-                    runs.extend(runs_of(name).ok_or_else(|| {
-                        format!("--models: unknown model {name:?} (known: linear, hashed, mlp)")
-                    })?);
-                }
-                models = Some(runs);
-            }
-            other => return Err(format!("unknown flag {other:?}")),
-        }
-    }
-    let (default_warmup, default_steps) = if quick { (2, 3) } else { (10, 50) };
-    let models: Vec<ModelSpec> = models.unwrap_or_else(|| {
-        ["linear", "hashed", "mlp"]
-            .into_iter()
-            .flat_map(|m| runs_of(m).expect("known"))
-            .collect()
-    });
-    if let Some(index) = run_only.filter(|&i| i >= models.len()) {
-        return Err(format!(
-            "--run-only {index}: only {} models are selected",
-            models.len()
-        ));
-    }
-    Ok(TrainCommand::Run(TrainOptions {
-        steps: Steps {
-            warmup: warmup.unwrap_or(default_warmup),
-            timed: steps.unwrap_or(default_steps),
-        },
-        threads,
-        models,
-        json,
-        quick,
-        glibc_malloc,
-        run_only,
-    }))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn parse_strs(args: &[&str]) -> Result<TrainCommand, String> {
-        parse(args.iter().map(|s| s.to_string()))
+    fn parse_strs(args: &[&str]) -> Result<TrainOptions, clap::Error> {
+        parse_from(std::iter::once("train").chain(args.iter().copied()))
     }
 
     fn options(args: &[&str]) -> TrainOptions {
-        match parse_strs(args).unwrap() {
-            TrainCommand::Run(o) => o,
-            TrainCommand::Help => panic!("help"),
-        }
+        parse_strs(args).unwrap()
+    }
+
+    #[test]
+    fn clap_definition_is_valid() {
+        Cli::command().debug_assert();
     }
 
     #[test]
@@ -186,11 +203,13 @@ mod tests {
 
     #[test]
     fn errors_and_help() {
-        assert_eq!(parse_strs(&["--help"]), Ok(TrainCommand::Help));
+        let kind = |args: &[&str]| parse_strs(args).unwrap_err().kind();
+        assert_eq!(kind(&["--help"]), ErrorKind::DisplayHelp);
         assert!(parse_strs(&["--steps", "0"]).is_err());
         assert!(parse_strs(&["--threads"]).is_err());
         assert!(parse_strs(&["--models", "dense"]).is_err());
         assert!(parse_strs(&["--fast"]).is_err());
-        assert!(parse_strs(&["--models", "hashed", "--run-only", "1"]).is_err());
+        let e = parse_strs(&["--models", "hashed", "--run-only", "1"]).unwrap_err();
+        assert!(e.to_string().contains("--run-only 1"), "{e}");
     }
 }
