@@ -9,6 +9,7 @@
 //! built, never ignoring it silently; what each storage refuses is in its
 //! docs (a local [`Variable`] takes them all).
 
+use crate::lifecycle::{Admission, EvictListener, Evicted};
 use crate::{Error, Initializer, Key, Partitioner, RestrictPolicy, Result, Variable, MAX_DIM};
 use std::marker::PhantomData;
 
@@ -35,13 +36,26 @@ pub struct TableOptions {
     pub trainable: bool,
     /// Whether checkpoints save the table.
     pub checkpoint: bool,
-    /// What each row's score means, if rows keep one (for `restrict`).
+    /// What each row's score means, if rows keep one (for `restrict`, and
+    /// for eviction: a capacity without a policy uses
+    /// [`RestrictPolicy::Timestamp`]).
     pub restrict_policy: Option<RestrictPolicy>,
+    /// Most rows the table holds (see [`VariableBuilder::capacity`]).
+    pub capacity: Option<usize>,
+    /// When a key becomes a row (see [`VariableBuilder::admission`]).
+    pub admission: Option<Admission>,
+    /// Receives the rows evicted by capacity (see
+    /// [`VariableBuilder::on_evict`]).
+    pub on_evict: Option<EvictListener>,
+    /// Whether eviction ages frequencies (see
+    /// [`VariableBuilder::frequency_decay`]).
+    pub frequency_decay: bool,
 }
 
 impl Default for TableOptions {
     /// Dim 1, one shard, [`Partitioner::Modulo`], [`Initializer::Zeros`],
-    /// no size hint, trainable, checkpointed, no restrict policy.
+    /// no size hint, trainable, checkpointed, no restrict policy, no
+    /// capacity, admission, listener or decay.
     fn default() -> Self {
         TableOptions {
             dim: 1,
@@ -52,6 +66,10 @@ impl Default for TableOptions {
             trainable: true,
             checkpoint: true,
             restrict_policy: None,
+            capacity: None,
+            admission: None,
+            on_evict: None,
+            frequency_decay: false,
         }
     }
 }
@@ -61,7 +79,12 @@ impl TableOptions {
     /// name is at most [`MAX_NAME_BYTES`](crate::MAX_NAME_BYTES) bytes,
     /// `dim` is in `1..=MAX_DIM`, `shards` in `1..=MAX_SHARDS`, and the
     /// initializer fits `dim` ([`Initializer::Values`] of the right length,
-    /// finite parameters). An [`Error::InvalidArgument`] names the setting.
+    /// finite parameters), a capacity holds at least one row per shard,
+    /// admission's `min_count` is at least 1 (a sketch's at most
+    /// `u16::MAX`, its width and depth at least 1, depth at most 16), and
+    /// the listener and decay have a capacity to act on (decay also needs
+    /// [`RestrictPolicy::Frequency`]). An [`Error::InvalidArgument`] names
+    /// the setting.
     pub fn check(&self, name: &str) -> Result<()> {
         crate::check_name("variable name", name)?;
         if !(1..=MAX_DIM).contains(&self.dim) {
@@ -76,7 +99,66 @@ impl TableOptions {
                 self.shards
             )));
         }
-        self.initializer.validate(self.dim)
+        self.initializer.validate(self.dim)?;
+        self.check_lifecycle(name)
+    }
+
+    /// The lifecycle part of [`TableOptions::check`].
+    fn check_lifecycle(&self, name: &str) -> Result<()> {
+        let refuse = |what: String| Err(Error::InvalidArgument(format!("variable {name:?}: {what}")));
+        if let Some(capacity) = self.capacity {
+            if capacity < self.shards {
+                return refuse(format!(
+                    "capacity {capacity} is less than one row per shard ({} shards)",
+                    self.shards
+                ));
+            }
+        }
+        match self.admission {
+            Some(a) if a.min_count() == 0 => {
+                return refuse("admission min_count must be at least 1".into())
+            }
+            Some(Admission::Sketch {
+                min_count,
+                width,
+                depth,
+            }) => {
+                if min_count > u32::from(u16::MAX) {
+                    return refuse(format!(
+                        "sketch admission counts to at most {}, min_count is {min_count}",
+                        u16::MAX
+                    ));
+                }
+                if width == 0 || !(1..=16).contains(&depth) {
+                    return refuse(format!(
+                        "sketch admission needs width >= 1 and depth in 1..=16, got {width} x {depth}"
+                    ));
+                }
+                if width.checked_mul(depth).is_none_or(|n| n > 1 << 32) {
+                    return refuse(format!("sketch of {width} x {depth} counters is too large"));
+                }
+            }
+            _ => {}
+        }
+        if self.on_evict.is_some() && self.capacity.is_none() {
+            return refuse("on_evict needs a capacity: only capacity evicts".into());
+        }
+        if self.frequency_decay
+            && (self.capacity.is_none() || self.restrict_policy != Some(RestrictPolicy::Frequency))
+        {
+            return refuse(
+                "frequency_decay needs a capacity and the Frequency restrict policy".into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// The restrict policy rows keep: the one given, or
+    /// [`RestrictPolicy::Timestamp`] for a table with a capacity (eviction
+    /// needs scores).
+    pub fn effective_restrict_policy(&self) -> Option<RestrictPolicy> {
+        self.restrict_policy
+            .or(self.capacity.map(|_| RestrictPolicy::Timestamp))
     }
 }
 
@@ -154,6 +236,56 @@ impl<K: Key> VariableBuilder<K> {
     /// none, and no score is kept).
     pub fn restrict_policy(mut self, policy: RestrictPolicy) -> Self {
         self.options.restrict_policy = Some(policy);
+        self
+    }
+
+    /// Bounds the variable to `rows` rows: `size()` never exceeds it,
+    /// under any number of threads. An insert into a full variable evicts
+    /// a low-scored row with its slots (the restrict policy's score:
+    /// Timestamp is least recently written first, Frequency least often;
+    /// with no policy given the variable uses
+    /// [`RestrictPolicy::Timestamp`]), and hands it to the
+    /// [`on_evict`](Self::on_evict) listener. No insert is refused. The
+    /// choice is approximate: the lowest score of a window of rows that a
+    /// sweep moves through the table (see the crate docs' "Row lifecycle").
+    /// Each shard holds at most its share (`rows / shards`, the first
+    /// shards one more); fewer rows than shards is an error at build. At
+    /// capacity the index no longer grows: it keeps its size and is
+    /// rebuilt in place now and then to clear what evictions leave behind.
+    pub fn capacity(mut self, rows: usize) -> Self {
+        self.options.capacity = Some(rows);
+        self
+    }
+
+    /// Admits a key only at its `min_count`-th training read (see
+    /// [`Admission`]); default: every key at its first.
+    pub fn admission(mut self, admission: Admission) -> Self {
+        self.options.admission = Some(admission);
+        self
+    }
+
+    /// Receives every row that leaves by capacity eviction, exactly once,
+    /// in batches, before the call that evicted it returns: keys, values,
+    /// each slot's rows and scores ([`Evicted`]). It runs on the thread of
+    /// that call, after the call's rows are written; it may read and write
+    /// other tables (a slower tier) and this one, but a write that evicts
+    /// from within it calls it again. Rows removed otherwise (`remove`,
+    /// `restrict`, `expire`, `clear`, `restore`) do not come here. Needs a
+    /// [`capacity`](Self::capacity).
+    pub fn on_evict(mut self, f: impl Fn(Evicted<'_, K>) + Send + Sync + 'static) -> Self {
+        self.options.on_evict = Some(EvictListener::new(f));
+        self
+    }
+
+    /// LFU ageing, so keys frequent long ago do not stay forever: with
+    /// [`RestrictPolicy::Frequency`] and a capacity, eviction compares
+    /// counts that the eviction sweep halves each time it passes a row
+    /// (once per sweep of the table). The scores a user sees
+    /// (`lookup_scores`, `restrict`, checkpoints, [`Evicted::scores`]) stay
+    /// the count of writes. Default off: eviction compares the plain
+    /// counts.
+    pub fn frequency_decay(mut self, yes: bool) -> Self {
+        self.options.frequency_decay = yes;
         self
     }
 

@@ -19,8 +19,9 @@
 //! storage at run time calls one generic function with either table, as
 //! the ctr example does.
 
-use crate::{EmbeddingStore, Initializer, Key, RestrictPolicy, Result, Variable};
+use crate::{EmbeddingStore, Initializer, Key, LifecycleStats, RestrictPolicy, Result, Variable};
 use std::path::Path;
+use std::time::Duration;
 
 /// The whole table API: lookups, writes, streamed export, slots, scores,
 /// restrict, checkpoints and memory use. See the module docs.
@@ -109,6 +110,21 @@ pub trait EmbeddingTable: EmbeddingStore {
     /// Bytes the table's rows, slots, scores and index take in the memory
     /// of whatever holds them (this process, or the servers).
     fn memory_bytes(&self) -> Result<usize>;
+
+    /// The most rows the table holds, if it is bounded (see
+    /// [`VariableBuilder::capacity`](crate::VariableBuilder::capacity)). A
+    /// storage that cannot bound itself refuses a capacity when it is
+    /// built.
+    fn capacity(&self) -> Option<usize>;
+
+    /// Removes the rows (with their slots) not written for `older_than`
+    /// and returns how many; an error without
+    /// [`RestrictPolicy::Timestamp`] (see [`Variable::expire`]).
+    fn expire(&self, older_than: Duration) -> Result<usize>;
+
+    /// What capacity, admission and expiry did so far (all zero for a
+    /// table without them).
+    fn lifecycle_stats(&self) -> Result<LifecycleStats>;
 }
 
 impl<K: Key> EmbeddingTable for Variable<K> {
@@ -166,5 +182,14 @@ impl<K: Key> EmbeddingTable for Variable<K> {
     }
     fn memory_bytes(&self) -> Result<usize> {
         Ok(Variable::memory_bytes(self))
+    }
+    fn capacity(&self) -> Option<usize> {
+        Variable::capacity(self)
+    }
+    fn expire(&self, older_than: Duration) -> Result<usize> {
+        Variable::expire(self, older_than)
+    }
+    fn lifecycle_stats(&self) -> Result<LifecycleStats> {
+        Ok(Variable::lifecycle_stats(self))
     }
 }

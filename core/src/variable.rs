@@ -57,14 +57,18 @@
 
 use crate::checkpoint;
 use crate::checks::{batch_len, check_finite, check_len, check_slot_list};
+use crate::lifecycle::admission::Admitter;
+use crate::lifecycle::{EvictedRows, LifecycleStats, DEFAULT_PENDING_BOUND};
 use crate::raw::kernels::first_non_finite;
-use crate::raw::{ExportColumns, ExportedRows, Positions, Table};
+use crate::raw::{ExportColumns, ExportedRows, Lifecycle, Positions, Table};
 use crate::{
     Error, Initializer, Key, Partitioner, RestrictPolicy, Result, TableOptions, VariableBuilder,
 };
 use std::marker::PhantomData;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
 
 /// Rows one step of a scan over a shard (restrict, export) reads at a time.
 const SCAN_CHUNK: usize = 1 << 16;
@@ -118,8 +122,15 @@ struct Inner {
     initializer: Initializer,
     trainable: bool,
     checkpoint: bool,
-    /// Slot names, in slot index order (every shard has these columns).
-    slots: RwLock<Vec<String>>,
+    /// Slot names, in slot index order (every shard has these columns);
+    /// shared with the shards' eviction listeners.
+    slots: Arc<RwLock<Vec<String>>>,
+    /// Most rows over all shards, if bounded.
+    capacity: Option<usize>,
+    /// Admission counts, shared by the shards.
+    admitter: Option<Arc<Admitter>>,
+    /// Rows removed by `expire`.
+    expired: AtomicU64,
 }
 
 impl<K: Key> std::fmt::Debug for Variable<K> {
@@ -177,14 +188,45 @@ impl<K: Key> Variable<K> {
     /// Creates the tables of a variable called `name` with `options`, which
     /// [`TableOptions::check`] has accepted.
     pub(crate) fn from_options(name: String, options: TableOptions) -> Result<Variable<K>> {
-        let per_shard = options.init_size.div_ceil(options.shards);
-        let shards = (0..options.shards)
-            .map(|_| Table::with_restrict_policy(options.dim, per_shard, options.restrict_policy))
+        let shard_count = options.shards;
+        let per_shard = options.init_size.div_ceil(shard_count);
+        let policy = options.effective_restrict_policy();
+        let slots = Arc::new(RwLock::new(Vec::<String>::new()));
+        let admitter = match options.admission {
+            Some(admission) => {
+                let bound = options.capacity.unwrap_or(DEFAULT_PENDING_BOUND);
+                Some(Arc::new(Admitter::new(admission, bound)?))
+            }
+            None => None,
+        };
+        let listener = options.on_evict.map(|listener| {
+            let slots = Arc::clone(&slots);
+            Arc::new(move |rows: &EvictedRows| {
+                let names = slots.read().unwrap_or_else(PoisonError::into_inner).clone();
+                (listener.call)(rows, &names);
+            }) as Arc<dyn Fn(&EvictedRows) + Send + Sync>
+        });
+        let shards = (0..shard_count)
+            .map(|shard| {
+                let capacity = options.capacity.map(|rows| {
+                    rows / shard_count + usize::from(shard < rows % shard_count)
+                });
+                let lifecycle = Lifecycle {
+                    capacity,
+                    frequency_decay: options.frequency_decay,
+                    admitter: admitter.clone(),
+                    listener: listener.clone(),
+                };
+                Table::with_lifecycle(options.dim, per_shard, policy, lifecycle)
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(Variable {
             inner: Arc::new(Inner {
                 id: crate::new_store_id(),
-                slots: RwLock::new(Vec::new()),
+                slots,
+                capacity: options.capacity,
+                admitter,
+                expired: AtomicU64::new(0),
                 name,
                 dim: options.dim,
                 shards,
@@ -838,6 +880,55 @@ impl<K: Key> Variable<K> {
     /// [`Variable::restore`].
     pub fn load(&self, dir: impl AsRef<Path>) -> Result<()> {
         checkpoint::read_into(self, dir.as_ref(), false)
+    }
+
+    /// The most rows the variable holds, if it was built with a
+    /// [`capacity`](VariableBuilder::capacity).
+    pub fn capacity(&self) -> Option<usize> {
+        self.inner.capacity
+    }
+
+    /// Removes the rows (with their slots) not written for `older_than`
+    /// (Monolith's and TorchRec's expiry by age) and returns how many. A
+    /// row is old when its [`RestrictPolicy::Timestamp`] score is older
+    /// than `now - older_than`; a row written while the scan runs is kept
+    /// (each row's age is checked again under its lock just before it is
+    /// removed). A variable without the Timestamp policy is an
+    /// [`Error::InvalidArgument`]. Expired rows do not go to the eviction
+    /// listener. It scans every shard once, a chunk at a time.
+    pub fn expire(&self, older_than: Duration) -> Result<usize> {
+        if self.restrict_policy() != Some(RestrictPolicy::Timestamp) {
+            return Err(Error::InvalidArgument(format!(
+                "variable {:?}: expire needs the Timestamp restrict policy, the variable has {}",
+                self.name(),
+                self.restrict_policy().map_or("none", RestrictPolicy::name)
+            )));
+        }
+        let now = crate::restrict::next_timestamp();
+        let age = u64::try_from(older_than.as_nanos()).unwrap_or(u64::MAX);
+        let cutoff = now.saturating_sub(age);
+        let removed: usize = self.inner.shards.iter().map(|t| t.expire(cutoff)).sum();
+        self.inner.expired.fetch_add(removed as u64, Ordering::Relaxed);
+        Ok(removed)
+    }
+
+    /// What capacity, admission and expiry did since the variable was
+    /// built.
+    pub fn lifecycle_stats(&self) -> LifecycleStats {
+        let mut stats = LifecycleStats {
+            expired: self.inner.expired.load(Ordering::Relaxed),
+            ..LifecycleStats::default()
+        };
+        for table in &self.inner.shards {
+            stats.evicted += table.evicted();
+            stats.not_admitted_reads += table.not_admitted_reads();
+        }
+        stats
+    }
+
+    /// The admission counts, for checkpoints.
+    pub(crate) fn admitter(&self) -> Option<&Admitter> {
+        self.inner.admitter.as_deref()
     }
 
     /// The variable's shards, for the checkpoint writer.

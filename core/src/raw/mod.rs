@@ -49,5 +49,6 @@ pub(crate) mod tags;
 mod zeroed;
 
 pub use rows::{MAX_SLOTS, PREFAULT_MAX_BYTES};
+pub(crate) use table::Lifecycle;
 pub use table::{ExportColumns, ExportedRows, Positions, Table, MAX_DIM};
 pub use zeroed::{release_free_heap, zeroed_words, ZeroedWords};

