@@ -209,6 +209,7 @@ where
             rows_per_file,
             rows: 0,
             files: Vec::new(),
+            admission: None,
         })
     })
 }

@@ -22,8 +22,11 @@
 //!   halves every counter while the others keep counting.
 //!
 //! The sketch's hash is part of the checkpoint format (see
-//! [`checkpoint`](crate::checkpoint)): row `i`'s counter of key `k` is
-//! [`sketch_column`]`(k, i, width)`, the same on every machine and build.
+//! [`checkpoint`](crate::checkpoint)): row `i`'s counter of key `k` (its
+//! 64-bit pattern) is column `fmix64(fmix64(k ^ PHI) + (i + 1) * PHI) *
+//! width >> 64` (wrapping arithmetic, `fmix64` MurmurHash3's 64-bit
+//! finalizer, `PHI` = `0x9e3779b97f4a7c15`), the same on every machine
+//! and build.
 
 use super::{Admission, SKETCH_AGEING_READS};
 use crate::{Error, Result};
@@ -79,20 +82,16 @@ fn scale(hash: u64, n: usize) -> usize {
     ((u128::from(hash) * n as u128) >> 64) as usize
 }
 
-/// The sketch hash of `key`, from which every row's column follows.
+/// The sketch hash of `key`, `fmix64(key ^ PHI)`, from which every row's
+/// column follows (see [`column`]).
 fn sketch_base(key: u64) -> u64 {
     fmix64(key ^ PHI)
 }
 
-/// The column of key `key`'s counter in row `row` of a sketch `width`
-/// counters wide: `fmix64(fmix64(key ^ PHI) + (row + 1) * PHI)` (wrapping,
-/// `fmix64` MurmurHash3's finalizer, `PHI` = `0x9e3779b97f4a7c15`) scaled
-/// to `0..width` by its high bits (`hash * width >> 64`).
-pub(crate) fn sketch_column(key: u64, row: usize, width: usize) -> usize {
-    column(sketch_base(key), row, width)
-}
-
-/// [`sketch_column`] from the key's [`sketch_base`].
+/// The column of the counter in row `row` of a sketch `width` counters
+/// wide for the key whose [`sketch_base`] is `base`:
+/// `fmix64(base + (row + 1) * PHI)` (wrapping) scaled to `0..width` by its
+/// high bits (`hash * width >> 64`). Part of the checkpoint format.
 fn column(base: u64, row: usize, width: usize) -> usize {
     let step = (row as u64).wrapping_add(1).wrapping_mul(PHI);
     scale(fmix64(base.wrapping_add(step)), width)
@@ -469,10 +468,7 @@ impl Admitter {
     /// builder refuses too, [`Error::OutOfMemory`] if the sketch cannot be
     /// allocated.
     pub(crate) fn new(admission: Admission, pending_bound: usize) -> Result<Admitter> {
-        let refuse = |what: String| Err(Error::InvalidArgument(what));
-        if admission.min_count() == 0 {
-            return refuse("admission min_count must be at least 1".into());
-        }
+        Admitter::check_rule(admission)?;
         let counts = match admission {
             Admission::Exact { min_count } => {
                 Counts::Exact(ExactCounts::new(min_count, pending_bound))
@@ -481,28 +477,45 @@ impl Admitter {
                 min_count,
                 width,
                 depth,
-            } => {
-                if min_count > u32::from(u16::MAX) {
-                    return refuse(format!(
-                        "sketch admission counts to at most {}, min_count is {min_count}",
-                        u16::MAX
-                    ));
-                }
-                if width == 0 || !(1..=MAX_SKETCH_DEPTH).contains(&depth) {
-                    return refuse(format!(
-                        "sketch admission needs width >= 1 and depth in 1..={MAX_SKETCH_DEPTH}, got {width} x {depth}"
-                    ));
-                }
-                if width
-                    .checked_mul(depth)
-                    .is_none_or(|n| n > MAX_SKETCH_COUNTERS)
-                {
-                    return refuse(format!("sketch of {width} x {depth} counters is too large"));
-                }
-                Counts::Sketch(SketchCounts::new(min_count, width, depth)?)
-            }
+            } => Counts::Sketch(SketchCounts::new(min_count, width, depth)?),
         };
         Ok(Admitter { admission, counts })
+    }
+
+    /// Checks that `admission` is a rule counters can follow (as the
+    /// builder does): `min_count` at least 1 (a sketch's at most
+    /// `u16::MAX`), a sketch at least 1 wide, 1 to [`MAX_SKETCH_DEPTH`]
+    /// deep and of at most [`MAX_SKETCH_COUNTERS`] counters.
+    pub(crate) fn check_rule(admission: Admission) -> Result<()> {
+        let refuse = |what: String| Err(Error::InvalidArgument(what));
+        if admission.min_count() == 0 {
+            return refuse("admission min_count must be at least 1".into());
+        }
+        if let Admission::Sketch {
+            min_count,
+            width,
+            depth,
+        } = admission
+        {
+            if min_count > u32::from(u16::MAX) {
+                return refuse(format!(
+                    "sketch admission counts to at most {}, min_count is {min_count}",
+                    u16::MAX
+                ));
+            }
+            if width == 0 || !(1..=MAX_SKETCH_DEPTH).contains(&depth) {
+                return refuse(format!(
+                    "sketch admission needs width >= 1 and depth in 1..={MAX_SKETCH_DEPTH}, got {width} x {depth}"
+                ));
+            }
+            if width
+                .checked_mul(depth)
+                .is_none_or(|n| n > MAX_SKETCH_COUNTERS)
+            {
+                return refuse(format!("sketch of {width} x {depth} counters is too large"));
+            }
+        }
+        Ok(())
     }
 
     /// The admission rule.
@@ -658,6 +671,9 @@ mod tests {
     use rand_pcg::Pcg64Mcg;
     use std::collections::HashMap;
     use std::sync::Arc;
+
+    /// Columns of key 42 in rows 0 to 3 of a sketch 2^16 wide.
+    const PINNED_COLUMNS: [usize; 4] = [64346, 50964, 30340, 13325];
 
     fn exact(min_count: u32, bound: usize) -> Admitter {
         Admitter::new(Admission::Exact { min_count }, bound).unwrap()
@@ -1069,6 +1085,18 @@ mod tests {
             AdmissionState::Sketch { reads, .. } => *reads,
             AdmissionState::Exact { .. } => 0,
         }
+    }
+
+    /// The sketch hash is part of the checkpoint format: these columns
+    /// must never change.
+    #[test]
+    fn the_sketch_hash_is_pinned() {
+        assert_eq!(fmix64(0), 0);
+        assert_eq!(fmix64(1), 0xb456_bcfc_34c2_cb2c);
+        let columns: Vec<usize> = (0..4)
+            .map(|row| column(sketch_base(42), row, 1 << 16))
+            .collect();
+        assert_eq!(columns, PINNED_COLUMNS);
     }
 
     #[test]
