@@ -24,6 +24,9 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::Path;
 
+/// The tensors of a file to write: name, dtype, shape, little-endian bytes.
+type Tensors<'a> = Vec<(&'a str, Dtype, Vec<usize>, &'a [u8])>;
+
 /// The name of the `index`-th admission state file.
 fn file_name(index: usize) -> String {
     format!("admission-{index:05}.safetensors")
@@ -49,7 +52,7 @@ fn le_bytes_u16(values: &[u16]) -> Cow<'_, [u8]> {
 
 /// A safetensors file of `tensors` (name, dtype, shape, bytes); an
 /// [`Error::InvalidArgument`] naming `path` if it cannot be written.
-fn encode(path: &Path, tensors: Vec<(&str, Dtype, Vec<usize>, &[u8])>) -> Result<Vec<u8>> {
+fn encode(path: &Path, tensors: Tensors<'_>) -> Result<Vec<u8>> {
     let unwritable = |e: safetensors::SafeTensorError| {
         Error::InvalidArgument(format!(
             "checkpoint file {} cannot be written: {e}",
@@ -79,7 +82,7 @@ pub(crate) fn write(
 ) -> Result<AdmissionEntry> {
     let rule = admitter.admission();
     let mut files = Vec::new();
-    let mut write_file = |entries: u64, tensors: Vec<(&str, Dtype, Vec<usize>, &[u8])>| {
+    let mut write_file = |entries: u64, tensors: Tensors<'_>| {
         let file = file_name(files.len());
         let path = writer.staging.join(&file);
         let bytes = encode(&path, tensors)?;
@@ -193,8 +196,8 @@ pub(crate) fn check_fits(
     })
 }
 
-/// The largest file a save writes for `entry` of a checkpoint with keys
-/// of `codec`.
+/// The largest admission file a save writes under `rule`, keys written by
+/// `codec`: a full chunk of pending keys, or the whole sketch.
 fn max_file_bytes(rule: Admission, codec: KeyCodec) -> u64 {
     let data = match rule {
         Admission::Exact { .. } => (PENDING_PER_FILE * (codec.width() + 4)) as u64,
@@ -325,11 +328,18 @@ pub(crate) fn apply(
     let Some(own) = admitter else {
         return Ok(());
     };
-    if replace {
+    let files = manifest.admission.as_ref().map_or(0, |e| e.files.len());
+    if replace && files == 0 {
         own.clear();
     }
+    // The first file replaces the counts, the next ones add to them.
+    let mut replace_next = replace;
     for_each_state(dir, manifest, admitter, codec, |admitter, state| {
-        admitter.merge_state(&state)
+        if std::mem::take(&mut replace_next) {
+            admitter.set_state(state)
+        } else {
+            admitter.merge_state(&state)
+        }
     })
 }
 
@@ -552,7 +562,7 @@ mod tests {
 
     /// Rewrites the admission file of the checkpoint at `path` as
     /// `tensors` and fixes its size and checksum in `index.json`.
-    fn rewrite(path: &Path, tensors: Vec<(&str, Dtype, Vec<usize>, &[u8])>, entries: u64) {
+    fn rewrite(path: &Path, tensors: Tensors<'_>, entries: u64) {
         let file = path.join("admission-00000.safetensors");
         let bytes = encode(&file, tensors).unwrap();
         std::fs::write(&file, &bytes).unwrap();
@@ -724,7 +734,7 @@ mod tests {
         let small = vec![0_u8; 2 * 256 * 2];
         let reads = 0_u64.to_le_bytes();
         let counters = vec![0_u8; 2 * 256 * 3];
-        let damages: Vec<(&str, Vec<(&str, Dtype, Vec<usize>, &[u8])>, u64)> = vec![
+        let damages: Vec<(&str, Tensors<'_>, u64)> = vec![
             (
                 "counters of another shape",
                 vec![
