@@ -83,7 +83,7 @@ fn scale(hash: u64, n: usize) -> usize {
 }
 
 /// The sketch hash of `key`, `fmix64(key ^ PHI)`, from which every row's
-/// column follows (see [`column`]).
+/// column follows (see [`column()`]).
 fn sketch_base(key: u64) -> u64 {
     fmix64(key ^ PHI)
 }
