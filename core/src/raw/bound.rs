@@ -54,11 +54,14 @@ impl Pool {
     /// Keeps `candidate` if it is among the lowest [`POOL`] (replacing an
     /// older entry of the same row).
     fn offer(&mut self, candidate: (u64, u64)) {
+        if self.entries.len() == POOL && candidate >= self.entries[POOL - 1] {
+            // Most rows a window offers rank above a full pool: refused at
+            // once. (An older entry of the row, if any, stays: a popped
+            // entry is checked against the row's rank anyway.)
+            return;
+        }
         if let Some(at) = self.entries.iter().position(|&(_, row)| row == candidate.1) {
             self.entries.remove(at);
-        }
-        if self.entries.len() == POOL && candidate >= self.entries[POOL - 1] {
-            return;
         }
         let at = self.entries.partition_point(|&entry| entry < candidate);
         self.entries.insert(at, candidate);
