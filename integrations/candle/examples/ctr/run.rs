@@ -53,6 +53,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::auc;
 use crate::checkpoint::{CheckpointDir, CheckpointError, Mode, Progress, RunConfig, RunManifest};
 use crate::config::Config;
+use crate::model::TableLifecycle;
 use crate::source::{self, Batch, DataSource};
 use crate::summary::{self, StreamSummary};
 use crate::table;
@@ -136,6 +137,10 @@ pub fn execute(config: &Config, open: &mut OpenData<'_>, out: &mut dyn Write) ->
         shards: config.threads.max(1),
         seed: config.seed,
         max_size: config.max_size,
+        lifecycle: TableLifecycle {
+            capacity: config.capacity,
+            min_count: config.min_count,
+        },
     };
     let training = Training {
         config,
@@ -277,7 +282,7 @@ impl Training<'_> {
                 )
                 .into());
             }
-            trainer.set_evicted(progress.evicted);
+            trainer.set_counts(progress.rows)?;
             writeln!(
                 out,
                 "resuming the run: {progress}; the table, its Adam slots and the sparse \
@@ -449,9 +454,10 @@ impl Training<'_> {
                     break;
                 };
                 let step = trainer.step(&batch).map_err(step_error)?;
+                let rows = trainer.counts().map_err(step_error)?;
                 let progress = &mut self.manifest.progress;
                 progress.batch += 1;
-                progress.evicted = trainer.evicted();
+                progress.rows = rows;
                 match step {
                     Step::Trained(loss) => {
                         progress.steps += 1;
@@ -491,6 +497,10 @@ impl Training<'_> {
             ended = ended || self.manifest.progress.batch >= batches_per_epoch;
             bar.finish_and_clear();
             let seconds = started.elapsed().as_secs_f64();
+            if let (true, Some(older_than)) = (ended, config.expire) {
+                trainer.expire(older_than).map_err(step_error)?;
+                self.manifest.progress.rows = trainer.counts().map_err(step_error)?;
+            }
             self.report_epoch(trainer, epoch, samples_here as f64 / seconds, out)
                 .map_err(Stopped::Clean)?;
             if ended {
@@ -504,7 +514,10 @@ impl Training<'_> {
     }
 
     /// Writes the epoch's line: training loss and speed, held-out metrics
-    /// (undefined ones say so), table size and evictions, skipped batches.
+    /// (undefined ones say so), the table's size and memory, what the
+    /// epoch evicted (`--max-size` and `--capacity`), the reads of ids not
+    /// yet admitted (with `--min-count` above 1) and the rows expired (with
+    /// `--expire`), and skipped batches.
     fn report_epoch<T: EmbeddingTable<Key = i64> + 'static>(
         &self,
         trainer: &Trainer<T>,
@@ -530,15 +543,22 @@ impl Training<'_> {
             Ok(rows) => rows.to_string(),
             Err(e) => format!("? ({e})"),
         };
+        let epoch_rows = progress.rows.since(&progress.epoch_start);
+        let mut lifecycle = format!("{} evicted", epoch_rows.restricted + epoch_rows.evicted);
+        if self.config.min_count > 1 {
+            lifecycle += &format!(", {} reads not admitted", epoch_rows.not_admitted_reads);
+        }
+        if self.config.expire.is_some() {
+            lifecycle += &format!(", {} expired", epoch_rows.expired);
+        }
         writeln!(
             out,
             "epoch {epoch}: train loss {}, {speed:.0} samples/s | {held_out} | table {rows} \
-             rows, {memory}{place}, {} evicted{}",
+             rows, {memory}{place}; this epoch {lifecycle}{}",
             match progress.epoch_trained {
                 0 => "undefined (no batch trained)".to_string(),
                 trained => format!("{:.4}", progress.epoch_loss_sum / trained as f64),
             },
-            trainer.evicted(),
             skipped_note(progress.epoch_skipped),
         )?;
         Ok(())
@@ -801,6 +821,7 @@ mod tests {
             shards: 1,
             seed: 3,
             max_size: None,
+            lifecycle: TableLifecycle::NONE,
         })
         .unwrap();
         let mut taken = 0;

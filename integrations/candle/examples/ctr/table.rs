@@ -1,6 +1,8 @@
 //! The Redis table of `--redis` ([`open_redis`]): named `ctr/embeddings`
 //! under `--redis-prefix`, with the local table's initializer and restrict
-//! policy, so a checkpoint moves between the two. The trainer is generic
+//! policy, so a checkpoint moves between the two. A Redis table has no
+//! capacity, admission or expiry, so the configuration refuses
+//! `--capacity`, `--min-count` and `--expire` with `--redis`. The trainer is generic
 //! over `dynemb::EmbeddingTable` and trains this table or a local
 //! `Variable<i64>` with the same code.
 //!
@@ -14,7 +16,7 @@
 use dynemb_redis::{RedisConfig, RedisVariable};
 
 use crate::config::RedisChoice;
-use crate::model::table_description;
+use crate::model::{table_description, TableLifecycle};
 
 /// Opens the Redis table `choice` describes for `dim`-wide rows from
 /// `seed` (the local table's settings), and clears it if `clear`; returns
@@ -30,7 +32,8 @@ pub fn open_redis(
         prefix: choice.prefix.clone(),
         ..RedisConfig::default()
     };
-    let table = RedisVariable::open(table_description(dim, seed), config).map_err(
+    let description = table_description(dim, seed, TableLifecycle::NONE);
+    let table = RedisVariable::open(description, config).map_err(
         |error| -> Box<dyn std::error::Error> {
             match error {
                 dynemb::Error::Mismatch { .. } => format!(
@@ -67,6 +70,7 @@ mod tests {
             shards: 2,
             seed: 11,
             max_size: None,
+            lifecycle: TableLifecycle::NONE,
         }
     }
 

@@ -13,6 +13,14 @@
 //! included. The configuration makes `--max-size` at least one batch's ids,
 //! so the rows a step just trained fit.
 //!
+//! The table itself ([`ModelConfig::lifecycle`]) may bound its rows
+//! (`--capacity`: an id's new row evicts a least recently trained one as
+//! it is inserted) and admit ids late (`--min-count`: until its Nth
+//! training read an id reads its initial row, gets no row and its gradient
+//! is dropped); [`Trainer::expire`] removes the rows not trained for a
+//! while (`--expire`). [`Trainer::counts`] counts what each did
+//! ([`RowCounts`]).
+//!
 //! Both initial states come from [`ModelConfig::seed`]: the table's
 //! initializer is seeded per id, and the MLP's weights are drawn by
 //! [`init_mlp`] (candle's own CPU generator cannot be seeded). So two
@@ -49,15 +57,19 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{Optimizer, ParamsAdamW, VarBuilder, VarMap};
-use dynemb::{EmbeddingTable, Variable};
+use dynemb::{EmbeddingTable, LifecycleStats, Variable};
 use dynemb_candle::SparseStep;
 use dynemb_optim::{ParamsAdam, SparseAdam};
+use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{MLP_FILE, SPARSE_FILE, TABLE_DIR};
-use crate::model::{bce_with_logits, embedding_table, ids_tensor, init_mlp, CtrModel};
+use crate::model::{
+    bce_with_logits, embedding_table, ids_tensor, init_mlp, CtrModel, TableLifecycle,
+};
 use crate::source::Batch;
 
 /// The errors of training: the layer's, the table's and candle's.
@@ -100,6 +112,37 @@ pub struct ModelConfig {
     pub seed: u64,
     /// Most rows the table keeps between steps.
     pub max_size: Option<usize>,
+    /// The table's capacity and admission.
+    pub lifecycle: TableLifecycle,
+}
+
+/// What removed rows from the table or kept ids out of it, over a run
+/// or, as a difference ([`RowCounts::since`]), over an epoch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RowCounts {
+    /// Rows evicted by `--max-size` (restricted after a step).
+    pub restricted: u64,
+    /// Rows evicted by `--capacity` as new ones arrived.
+    pub evicted: u64,
+    /// Training reads of ids not yet admitted (`--min-count`): each read
+    /// its initial row, and its gradient was dropped.
+    pub not_admitted_reads: u64,
+    /// Rows removed by `--expire`.
+    pub expired: u64,
+}
+
+impl RowCounts {
+    /// What happened after `start` (an earlier count of the same run).
+    pub fn since(&self, start: &RowCounts) -> RowCounts {
+        RowCounts {
+            restricted: self.restricted.saturating_sub(start.restricted),
+            evicted: self.evicted.saturating_sub(start.evicted),
+            not_admitted_reads: self
+                .not_admitted_reads
+                .saturating_sub(start.not_admitted_reads),
+            expired: self.expired.saturating_sub(start.expired),
+        }
+    }
 }
 
 /// The model with its optimizers, its embeddings in a table of type `T`.
@@ -111,14 +154,19 @@ pub struct Trainer<T: EmbeddingTable<Key = i64> + 'static = Variable<i64>> {
     sparse: SparseStep<ParamsAdam>,
     dense: candle_nn::AdamW,
     device: Device,
-    evicted: usize,
+    /// Rows restricted away by `--max-size` since [`Trainer::set_counts`].
+    restricted: u64,
+    /// The counts [`Trainer::set_counts`] set (a resumed run's).
+    base: RowCounts,
+    /// The table's lifecycle counts when they were set.
+    table_start: LifecycleStats,
 }
 
 impl Trainer {
     /// A fresh model: an empty local table and an MLP initialized from the
     /// seed.
     pub fn new(config: ModelConfig) -> Result<Self> {
-        let table = embedding_table(config.dim, config.shards, config.seed)?;
+        let table = embedding_table(config.dim, config.shards, config.seed, config.lifecycle)?;
         Self::assemble(config, table, VarMap::new(), None)
     }
 
@@ -126,7 +174,7 @@ impl Trainer {
     /// or a Redis table), in fresh objects (a local table, MLP and sparse
     /// optimizer state).
     pub fn load(config: ModelConfig, dir: &Path) -> Result<Self> {
-        let table = embedding_table(config.dim, config.shards, config.seed)?;
+        let table = embedding_table(config.dim, config.shards, config.seed, config.lifecycle)?;
         Self::resume(config, table, dir)
     }
 }
@@ -196,6 +244,7 @@ impl<T: EmbeddingTable<Key = i64> + 'static> Trainer<T> {
                 ..Default::default()
             },
         )?;
+        let table_start = table.lifecycle_stats()?;
         Ok(Trainer {
             config,
             table,
@@ -204,7 +253,9 @@ impl<T: EmbeddingTable<Key = i64> + 'static> Trainer<T> {
             sparse: SparseStep::new(sparse),
             dense,
             device,
-            evicted: 0,
+            restricted: 0,
+            base: RowCounts::default(),
+            table_start,
         })
     }
 
@@ -227,7 +278,7 @@ impl<T: EmbeddingTable<Key = i64> + 'static> Trainer<T> {
         };
         if let Some(max) = self.config.max_size {
             if self.table.size()? > max {
-                self.evicted += self.table.restrict(reserved_rows(max), max)?;
+                self.restricted += self.table.restrict(reserved_rows(max), max)? as u64;
             }
         }
         Ok(step)
@@ -269,9 +320,34 @@ impl<T: EmbeddingTable<Key = i64> + 'static> Trainer<T> {
         Ok(())
     }
 
-    /// Sets the count of rows evicted so far (a resumed run's).
-    pub fn set_evicted(&mut self, evicted: usize) {
-        self.evicted = evicted;
+    /// Removes the rows not trained for `older_than` (`--expire`) and
+    /// returns how many.
+    pub fn expire(&self, older_than: Duration) -> Result<usize> {
+        Ok(self.table.expire(older_than)?)
+    }
+
+    /// Sets what [`Trainer::counts`] counts from (a resumed run's counts).
+    pub fn set_counts(&mut self, counts: RowCounts) -> Result<()> {
+        self.table_start = self.table.lifecycle_stats()?;
+        self.base = counts;
+        self.restricted = 0;
+        Ok(())
+    }
+
+    /// What removed rows or kept ids out so far: the counts set by
+    /// [`Trainer::set_counts`] plus what happened since.
+    pub fn counts(&self) -> Result<RowCounts> {
+        let now = self.table.lifecycle_stats()?;
+        let start = &self.table_start;
+        Ok(RowCounts {
+            restricted: self.base.restricted + self.restricted,
+            evicted: self.base.evicted + now.evicted.saturating_sub(start.evicted),
+            not_admitted_reads: self.base.not_admitted_reads
+                + now
+                    .not_admitted_reads
+                    .saturating_sub(start.not_admitted_reads),
+            expired: self.base.expired + now.expired.saturating_sub(start.expired),
+        })
     }
 
     /// The embedding table.
@@ -279,9 +355,10 @@ impl<T: EmbeddingTable<Key = i64> + 'static> Trainer<T> {
         &self.table
     }
 
-    /// Rows evicted by the restrict policy so far.
-    pub fn evicted(&self) -> usize {
-        self.evicted
+    /// Rows evicted by `--max-size` since [`Trainer::set_counts`] (or
+    /// since the trainer was made).
+    pub fn restricted(&self) -> u64 {
+        self.restricted
     }
 
     /// Sparse optimizer steps taken.
@@ -444,6 +521,7 @@ mod tests {
             shards: 2,
             seed: 7,
             max_size,
+            lifecycle: TableLifecycle::NONE,
         }
     }
 
@@ -668,14 +746,14 @@ mod tests {
         let mut trainer = Trainer::new(config(Some(5_000))).unwrap();
         source.rewind().unwrap();
         while let Some(batch) = source.next_batch(1024).unwrap() {
-            let evicted = trainer.evicted();
+            let evicted = trainer.restricted();
             trainer.step(&batch).unwrap();
             assert!(trainer.table().size() <= 5_000);
-            if trainer.evicted() > evicted {
+            if trainer.restricted() > evicted {
                 assert_eq!(trainer.table().size(), 4_500);
             }
         }
-        assert!(trainer.evicted() > 0);
+        assert!(trainer.restricted() > 0);
     }
 
     #[test]
@@ -689,11 +767,11 @@ mod tests {
             let mut restricts = 0;
             for _ in 0..20 {
                 let batch = source.next_batch(batch).unwrap().unwrap();
-                let evicted = trainer.evicted();
+                let evicted = trainer.restricted();
                 trainer.step(&batch).unwrap();
                 let size = trainer.table().size();
                 assert!(size <= max, "max {max}: {size} rows");
-                if trainer.evicted() > evicted {
+                if trainer.restricted() > evicted {
                     restricts += 1;
                     assert_eq!(size, reserved_rows(max), "max {max}");
                 }
