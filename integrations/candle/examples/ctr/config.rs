@@ -178,7 +178,7 @@ pub struct Flags {
     pub checkpoint_every: Option<usize>,
 
     /// Continue the run whose checkpoint is in --checkpoint DIR: same data and
-    /// model flags; --epochs and --steps count in total; --threads,
+    /// model flags; --epochs and --steps count in total; --threads, --expire,
     /// --checkpoint-every, --summary and the --redis flags may change
     #[arg(
         long,

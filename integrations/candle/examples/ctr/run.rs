@@ -953,6 +953,8 @@ mod tests {
             ("--eval-samples", "300"),
             ("--train-samples", "900"),
             ("--max-size", "10000"),
+            ("--capacity", "10000"),
+            ("--min-count", "2"),
             ("--fields", "5"),
         ] {
             let outcome = go(
@@ -968,6 +970,8 @@ mod tests {
             &synthetic(&[
                 "--threads",
                 "2",
+                "--expire",
+                "3600",
                 "--steps",
                 "6",
                 "--checkpoint",
@@ -978,6 +982,110 @@ mod tests {
             None,
         );
         assert_eq!(ok(&outcome).progress.steps, 6);
+    }
+
+    /// The epoch lines of `outcome`.
+    fn epoch_lines(outcome: &Outcome) -> Vec<&str> {
+        outcome
+            .output
+            .lines()
+            .filter(|l| l.starts_with("epoch "))
+            .collect()
+    }
+
+    /// The number before `what` in `line` (`"12 evicted"`).
+    fn count_before(line: &str, what: &str) -> u64 {
+        let before = line
+            .split(what)
+            .next()
+            .and_then(|head| head.split_whitespace().last());
+        before
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no count of {what:?} in {line}"))
+    }
+
+    /// The table's rows on an epoch line.
+    fn table_rows(line: &str) -> usize {
+        let rows = line
+            .split("| table ")
+            .nth(1)
+            .and_then(|t| t.split(' ').next());
+        rows.and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no table rows in {line}"))
+    }
+
+    /// Each epoch's line counts what that epoch evicted, did not admit and
+    /// expired (the last two only with their flags); the counts go on
+    /// across a resumed epoch.
+    #[test]
+    fn epoch_lines_count_the_epochs_evictions_admissions_and_expiries() {
+        let plain = go(&synthetic(&["--epochs", "2"]), &[], None);
+        ok(&plain);
+        for line in epoch_lines(&plain) {
+            assert!(line.contains("; this epoch 0 evicted"), "{line}");
+            assert!(!line.contains("admitted") && !line.contains("expired"));
+        }
+        let plain_rows = table_rows(epoch_lines(&plain)[1]);
+
+        // One batch holds 400 ids.
+        let bounded = go(
+            &synthetic(&["--epochs", "2", "--capacity", "500"]),
+            &[],
+            None,
+        );
+        ok(&bounded);
+        let lines = epoch_lines(&bounded);
+        assert_eq!(lines.len(), 2);
+        for line in &lines {
+            assert!(table_rows(line) <= 500, "{line}");
+            assert!(count_before(line, " evicted") > 0, "{line}");
+        }
+
+        let root = tempfile::tempdir().unwrap();
+        let path = root.path().join("ckpt").display().to_string();
+        let admitting = |extra: &[&str]| {
+            let mut args = vec![
+                "--epochs",
+                "2",
+                "--min-count",
+                "2",
+                "--expire",
+                "3600",
+                "--checkpoint",
+                &path,
+            ];
+            args.extend(extra);
+            synthetic(&args)
+        };
+        let whole = go(&admitting(&[]), &[], None);
+        ok(&whole);
+        let lines = epoch_lines(&whole);
+        let first = count_before(lines[0], " reads not admitted");
+        let second = count_before(lines[1], " reads not admitted");
+        // The first epoch meets every id for the first time.
+        assert!(first > second && second > 0, "{lines:?}");
+        assert!(table_rows(lines[1]) < plain_rows, "{lines:?}");
+        for line in &lines {
+            assert!(line.ends_with(", 0 expired"), "{line}");
+        }
+        let run_total = manifest(&root.path().join("ckpt")).progress.rows;
+        assert_eq!(run_total.not_admitted_reads, first + second);
+
+        // Stopped in the first epoch and resumed: the same counts.
+        let overwrite = go(&admitting(&["--overwrite", "--steps", "4"]), &[], None);
+        ok(&overwrite);
+        let resumed = go(&admitting(&["--resume"]), &[], None);
+        ok(&resumed);
+        let resumed_lines = epoch_lines(&resumed);
+        assert_eq!(
+            count_before(resumed_lines[0], " reads not admitted"),
+            first,
+            "{resumed_lines:?}"
+        );
+        assert_eq!(
+            count_before(resumed_lines[1], " reads not admitted"),
+            second
+        );
     }
 
     /// A directory holding a checkpoint is refused to a new run, before
