@@ -8,8 +8,8 @@
 //! `conflicts_with`); [`Flags::resolve`] applies the `--quick` presets,
 //! the thread count's sources and the rules that need several values
 //! (held-out ids, a batch's embedding values, `--max-size` and
-//! `--capacity` against one batch's ids, the table features a Redis table
-//! lacks). Whether a resumed run asks for the same run is checked
+//! `--capacity` against one batch's ids, `--capacity` and `--min-count`,
+//! which a Redis table lacks, against `--redis`). Whether a resumed run asks for the same run is checked
 //! against its checkpoint (`checkpoint`), and whether Redis answers when
 //! the table opens (`table`).
 //!
@@ -161,8 +161,7 @@ pub struct Flags {
     pub min_count: Option<u32>,
 
     /// At each epoch's end, remove the rows not trained for SECS seconds of
-    /// wall-clock time (default: none; may change on --resume; not with
-    /// --redis)
+    /// wall-clock time (default: none; may change on --resume)
     #[arg(long, value_name = "SECS", value_parser = seconds, help_heading = "Table")]
     pub expire: Option<Duration>,
 
@@ -448,11 +447,10 @@ impl Flags {
                     "--capacity",
                     "evict rows as they arrive; --max-size bounds it after each step",
                 ),
-                (min_count > 1, "--min-count", "admit ids late"),
                 (
-                    self.expire.is_some(),
-                    "--expire",
-                    "expire rows; --max-size bounds it after each step",
+                    min_count > 1,
+                    "--min-count",
+                    "admit ids late; --max-size bounds it after each step",
                 ),
             ];
             if let Some((_, flag, why)) = refused.into_iter().find(|(given, ..)| *given) {
@@ -1101,22 +1099,28 @@ mod tests {
     }
 
     #[test]
-    fn redis_refuses_capacity_admission_and_expiry() {
+    fn redis_refuses_capacity_and_admission() {
         for (args, flag) in [
             (&["--capacity", "100000"][..], "--capacity"),
             (&["--min-count", "2"], "--min-count"),
-            (&["--expire", "60"], "--expire"),
         ] {
             let mut args = args.to_vec();
             args.extend(["--redis", "127.0.0.1:7000"]);
             let message = refused_as(&args, ErrorKind::ArgumentConflict, &[flag, "--redis"]);
             assert!(message.contains("a Redis table cannot"), "{message}");
         }
-        // 1 asks for nothing a Redis table lacks.
-        let c = config(&["--min-count", "1", "--redis", "127.0.0.1:7000"]);
-        assert_eq!(c.min_count, 1);
+        // 1 asks for nothing a Redis table lacks; it expires rows.
+        let c = config(&[
+            "--min-count",
+            "1",
+            "--expire",
+            "60",
+            "--redis",
+            "127.0.0.1:7000",
+        ]);
+        assert_eq!((c.min_count, c.expire), (1, Some(Duration::from_secs(60))));
         assert!(c.to_string().contains(
-            "destroyed at the end, max size none, capacity none, min count 1, expire none"
+            "destroyed at the end, max size none, capacity none, min count 1, expire after 60 s"
         ));
     }
 

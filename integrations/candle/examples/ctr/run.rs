@@ -1466,8 +1466,17 @@ mod tests {
             "the other run's rows were touched"
         );
 
-        let overwritten = go(&redis(&["--overwrite", "--redis-keep"]), &[], None);
+        let overwritten = go(
+            &redis(&["--overwrite", "--redis-keep", "--expire", "3600"]),
+            &[],
+            None,
+        );
         assert_eq!(ok(&overwritten).progress.steps, 2);
+        let lines = epoch_lines(&overwritten);
+        assert!(
+            lines.len() == 1 && lines[0].ends_with("; this epoch 0 evicted, 0 expired"),
+            "{lines:?}"
+        );
         assert!(
             overwritten.output.contains("cleared the 2 rows"),
             "{}",
