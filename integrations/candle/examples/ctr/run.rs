@@ -27,12 +27,16 @@
 //! - a failed step other than a skipped one (a Redis node lost mid-write)
 //!   may have applied part of the step, so it stops the run without a new
 //!   checkpoint: the last one (periodic or per epoch) is what was kept,
-//!   and the message says where it is;
+//!   and the message says where it is; so does an `--expire` that fails
+//!   part-way;
 //! - the final save goes to the same checkpoint format (a finished run
 //!   resumes with a larger `--epochs`), and the reload check reads it
 //!   back; if it fails, the error says which checkpoint is left to
 //!   `--resume` from; without `--checkpoint` it goes to a temporary
 //!   directory, and nothing is kept.
+//!
+//! `--expire` runs at the end of each epoch, before its evaluation and
+//! checkpoint, so both see the table without the expired rows.
 //!
 //! A resumed run ([`crate::checkpoint`] says what must match) restores the
 //! table, the sparse optimizer (its step count too), the MLP's weights
@@ -498,7 +502,9 @@ impl Training<'_> {
             bar.finish_and_clear();
             let seconds = started.elapsed().as_secs_f64();
             if let (true, Some(older_than)) = (ended, config.expire) {
-                trainer.expire(older_than).map_err(step_error)?;
+                trainer.expire(older_than).map_err(|e| {
+                    Stopped::Step(format!("--expire after epoch {epoch}: {e}").into())
+                })?;
                 self.manifest.progress.rows = trainer.counts().map_err(step_error)?;
             }
             self.report_epoch(trainer, epoch, samples_here as f64 / seconds, out)
