@@ -79,7 +79,7 @@ use crate::layout::{self, Row};
 use crate::reply;
 use crate::scripts;
 use crate::variable::{restoring_error, RedisVariable, BUCKETS_PER_ROUND_TRIP};
-use dynemb::{Error, Key, RestrictPolicy, Result};
+use dynemb::{Key, Result};
 use redis::Value;
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -374,7 +374,7 @@ impl<K: Key> RedisVariable<K> {
     /// Removes the rows (with their slots and scores) not written for
     /// `older_than` and returns how many (Monolith's and TorchRec's
     /// expiry by age, as [`Variable::expire`](dynemb::Variable::expire)).
-    /// A row is old when its [`RestrictPolicy::Timestamp`] score is below
+    /// A row is old when its [`RestrictPolicy::Timestamp`](dynemb::RestrictPolicy::Timestamp) score is below
     /// `now - older_than`, `now` taken from this process's clock
     /// ([`dynemb::restrict::next_timestamp`]) when the call starts; rows
     /// stamped by processes whose clocks run behind or ahead are judged
@@ -392,18 +392,9 @@ impl<K: Key> RedisVariable<K> {
     /// finishes the work. The rows removed are counted in
     /// [`RedisVariable::lifecycle_stats`], group by group.
     pub fn expire(&self, older_than: Duration) -> Result<usize> {
-        let policy = self.restrict_policy();
-        if policy != Some(RestrictPolicy::Timestamp) {
-            return Err(Error::InvalidArgument(format!(
-                "variable {:?}: expire needs the Timestamp restrict policy, the variable has {}",
-                self.name(),
-                policy.map_or("none", RestrictPolicy::name)
-            )));
-        }
         // The cutoff first: `now` is when the call starts.
-        let now = dynemb::restrict::next_timestamp();
-        let age = u64::try_from(older_than.as_nanos()).unwrap_or(u64::MAX);
-        let cutoff = now.saturating_sub(age);
+        let cutoff =
+            dynemb::checks::expiry_cutoff(self.name(), self.restrict_policy(), older_than)?;
         self.check_not_restoring()?;
         if cutoff == 0 {
             return Ok(0); // no score is below 0
