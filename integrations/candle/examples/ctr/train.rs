@@ -355,12 +355,6 @@ impl<T: EmbeddingTable<Key = i64> + 'static> Trainer<T> {
         &self.table
     }
 
-    /// Rows evicted by `--max-size` since [`Trainer::set_counts`] (or
-    /// since the trainer was made).
-    pub fn restricted(&self) -> u64 {
-        self.restricted
-    }
-
     /// Sparse optimizer steps taken.
     pub fn steps(&self) -> u64 {
         self.sparse.optimizer().steps()
@@ -747,14 +741,14 @@ mod tests {
         let mut trainer = Trainer::new(config(Some(5_000))).unwrap();
         source.rewind().unwrap();
         while let Some(batch) = source.next_batch(1024).unwrap() {
-            let evicted = trainer.restricted();
+            let evicted = trainer.counts().unwrap().restricted;
             trainer.step(&batch).unwrap();
             assert!(trainer.table().size() <= 5_000);
-            if trainer.restricted() > evicted {
+            if trainer.counts().unwrap().restricted > evicted {
                 assert_eq!(trainer.table().size(), 4_500);
             }
         }
-        assert!(trainer.restricted() > 0);
+        assert!(trainer.counts().unwrap().restricted > 0);
     }
 
     /// [`config`] with `lifecycle`.
@@ -867,11 +861,11 @@ mod tests {
             let mut restricts = 0;
             for _ in 0..20 {
                 let batch = source.next_batch(batch).unwrap().unwrap();
-                let evicted = trainer.restricted();
+                let evicted = trainer.counts().unwrap().restricted;
                 trainer.step(&batch).unwrap();
                 let size = trainer.table().size();
                 assert!(size <= max, "max {max}: {size} rows");
-                if trainer.restricted() > evicted {
+                if trainer.counts().unwrap().restricted > evicted {
                     restricts += 1;
                     assert_eq!(size, reserved_rows(max), "max {max}");
                 }
