@@ -40,7 +40,7 @@
 //! checks the number removed and that no removed row scored above a kept
 //! one (ties at the boundary go either way), then follows the store.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -1256,19 +1256,33 @@ pub enum LifeOp {
     Export,
 }
 
-/// A case of the lifecycle model.
+/// A case of the lifecycle model: a table's settings and the operations
+/// (built by [`lifecycle_case_strategy`], or by hand, as a fuzz target
+/// does).
 #[derive(Clone, Debug)]
 pub struct LifecycleCase {
-    key_type: u8,
-    dim: usize,
-    init: InitKind,
-    shards: usize,
-    custom_partitioner: bool,
-    capacity: Option<usize>,
-    min_count: Option<u32>,
-    policy: RestrictPolicy,
-    decay: bool,
-    ops: Vec<LifeOp>,
+    /// 0: i64, 1: u64, 2: i32, else u32.
+    pub key_type: u8,
+    /// Values per row.
+    pub dim: usize,
+    /// The initializer ([`InitKind::Uniform`] is not exact, so not
+    /// allowed).
+    pub init: InitKind,
+    /// Shards.
+    pub shards: usize,
+    /// Whether to partition with [`custom_partition`].
+    pub custom_partitioner: bool,
+    /// The capacity (at least one row per shard); a listener comes with it.
+    pub capacity: Option<usize>,
+    /// `Admission::Exact`'s `min_count`, if keys are admitted.
+    pub min_count: Option<u32>,
+    /// The restrict policy (Timestamp for `expire` to work).
+    pub policy: RestrictPolicy,
+    /// Whether eviction ages Frequency counts (with a capacity and the
+    /// Frequency policy only).
+    pub decay: bool,
+    /// The operations, on keys `0..40` of the key space.
+    pub ops: Vec<LifeOp>,
 }
 
 fn life_op_strategy(n: usize, expiry: bool) -> impl Strategy<Value = LifeOp> {
@@ -1282,17 +1296,25 @@ fn life_op_strategy(n: usize, expiry: bool) -> impl Strategy<Value = LifeOp> {
     } else {
         Just(ExpireAge::Zero).boxed()
     };
+    // Now and then a batch longer than the table's pipeline is deep, so
+    // that its probes run ahead of the writes (and evictions) they see.
+    let batch = move || {
+        prop_oneof![
+            4 => batch(n),
+            1 => vec(0..n, MAX_BATCH..48),
+        ]
+    };
     prop_oneof![
-        2 => batch(n).prop_map(LifeOp::Lookup),
-        6 => batch(n).prop_map(LifeOp::LookupOrInsert),
-        4 => (batch(n), any::<u32>()).prop_map(|(k, s)| LifeOp::Upsert(k, s)),
-        2 => (batch(n), any::<u32>()).prop_map(|(k, s)| LifeOp::Accum(k, s, Flags::Truth)),
-        2 => (batch(n), any::<u32>(), any::<u64>())
+        2 => batch().prop_map(LifeOp::Lookup),
+        6 => batch().prop_map(LifeOp::LookupOrInsert),
+        4 => (batch(), any::<u32>()).prop_map(|(k, s)| LifeOp::Upsert(k, s)),
+        2 => (batch(), any::<u32>()).prop_map(|(k, s)| LifeOp::Accum(k, s, Flags::Truth)),
+        2 => (batch(), any::<u32>(), any::<u64>())
             .prop_map(|(k, s, f)| LifeOp::Accum(k, s, Flags::Random(f))),
-        4 => (batch(n), any::<u8>(), any::<bool>(), any::<u32>())
+        4 => (batch(), any::<u8>(), any::<bool>(), any::<u32>())
             .prop_map(|(k, m, r, s)| LifeOp::UpdateRows(k, m, r, s)),
         1 => (0usize..SLOTS.len()).prop_map(LifeOp::CreateSlot),
-        2 => batch(n).prop_map(LifeOp::Remove),
+        2 => batch().prop_map(LifeOp::Remove),
         1 => Just(LifeOp::Clear),
         1 => ((0..n + 2), prop_oneof![Just(0usize), 0..n + 2])
             .prop_map(|(r, t)| LifeOp::Restrict(r, t)),
@@ -1762,7 +1784,10 @@ impl<'m, M: LifecycleMaker, K: TestKey> LifeRunner<'m, M, K> {
     /// Every state key's `touches` and `deliveries` (in the order the
     /// listener got them) can lead to from `cand`: each delivery happens
     /// between two touches, or before the first or after the last, and
-    /// takes the row the key had then.
+    /// takes the row the key had then. `visited` holds the states already
+    /// explored (touches and deliveries left, and the key's state), so a
+    /// long batch of one key with many deliveries costs what its distinct
+    /// states do.
     #[allow(clippy::too_many_arguments)]
     fn explain(
         &self,
@@ -1771,15 +1796,25 @@ impl<'m, M: LifecycleMaker, K: TestKey> LifeRunner<'m, M, K> {
         touches: &[Touch<'_>],
         deliveries: &[&DeliveredRow],
         ctx: &OpContext<'_>,
+        visited: &mut HashSet<(usize, usize, bool, String)>,
         out: &mut Vec<Candidate>,
     ) {
+        let state = (
+            touches.len(),
+            deliveries.len(),
+            inserted_here,
+            format!("{cand:?}"),
+        );
+        if !visited.insert(state) {
+            return;
+        }
         if let (Some((d, rest)), Some(row)) = (deliveries.split_first(), &cand.row) {
             if self.delivery_matches(row, d, ctx) {
                 let evicted = Candidate {
                     row: None,
                     pending: cand.pending,
                 };
-                self.explain(evicted, false, touches, rest, ctx, out);
+                self.explain(evicted, false, touches, rest, ctx, visited, out);
             }
         }
         match touches.split_first() {
@@ -1790,7 +1825,7 @@ impl<'m, M: LifecycleMaker, K: TestKey> LifeRunner<'m, M, K> {
             }
             Some((touch, rest)) => {
                 for (next, here) in self.apply_touch(&cand, inserted_here, touch, ctx) {
-                    self.explain(next, here, rest, deliveries, ctx, out);
+                    self.explain(next, here, rest, deliveries, ctx, visited, out);
                 }
             }
         }
@@ -1844,8 +1879,18 @@ impl<'m, M: LifecycleMaker, K: TestKey> LifeRunner<'m, M, K> {
                 continue;
             }
             let mut next = Vec::new();
+            let mut visited = HashSet::new();
             for cand in &self.keys[i] {
-                self.explain(cand.clone(), false, touches, delivered, &ctx, &mut next);
+                let cand = cand.clone();
+                self.explain(
+                    cand,
+                    false,
+                    touches,
+                    delivered,
+                    &ctx,
+                    &mut visited,
+                    &mut next,
+                );
             }
             assert!(
                 !next.is_empty(),
@@ -2177,7 +2222,7 @@ impl<'m, M: LifecycleMaker, K: TestKey> LifeRunner<'m, M, K> {
             LifeOp::Export => {
                 let (keys, values) = self.var.export().unwrap();
                 assert_eq!(keys.len(), self.present_count(), "{what}: rows");
-                let mut seen = std::collections::HashSet::new();
+                let mut seen = HashSet::new();
                 for (r, k) in keys.iter().enumerate() {
                     assert!(seen.insert(k.to_bits()), "{what}: {k} twice");
                     let i = self.index_of_bits(k.to_bits());
