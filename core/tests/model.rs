@@ -174,3 +174,45 @@ fn a_new_key_repeated_in_one_batch_evicts_one_row() {
         assert_eq!(var.lifecycle_stats().evicted, 1, "{op}");
     }
 }
+
+/// The lifecycle model's second finding, as a plain test: within one
+/// `lookup_or_insert`, a key that the batch evicted and inserted again
+/// reads its new row at every later occurrence, never the evicted one.
+/// The batch is laid out for the table's pipeline: the first key's insert
+/// finds the index's reservations used up (14 inserts into its 16 slots)
+/// and rebuilds it; X is evicted at position 15 and inserted again at
+/// position 30; position 37 was probed in the rebuilt index before
+/// position 15 evicted X, and must not answer with the row it found then.
+#[test]
+fn a_training_read_never_returns_a_row_its_batch_evicted() {
+    let var = Variable::<u64>::builder("t")
+        .capacity(3)
+        .initializer(dynemb::Initializer::Constant(-1.0))
+        .restrict_policy(dynemb::RestrictPolicy::Timestamp)
+        .on_evict(|_| {})
+        .build()
+        .unwrap();
+    let (y, x, a, n0, n15) = (100, 200, 300, 400, 500);
+    for k in 1..=11u64 {
+        var.upsert(&[k], &[k as f32]).unwrap();
+    }
+    // Oldest to newest: Y, X, A.
+    for k in [y, x, a] {
+        var.upsert(&[k], &[k as f32]).unwrap();
+    }
+    let mut keys = vec![a; 38];
+    keys[0] = n0;
+    keys[15] = n15;
+    keys[30] = x;
+    keys[31..37].fill(n0);
+    keys[37] = x;
+    let mut out = vec![0.0; keys.len()];
+    var.lookup_or_insert(&keys, &mut out).unwrap();
+    let mut now = [0.0];
+    var.lookup(&[x], &mut now).unwrap();
+    assert_eq!(
+        (out[30], out[37]),
+        (now[0], now[0]),
+        "both training reads of X return its row"
+    );
+}

@@ -1457,6 +1457,7 @@ struct Candidate {
 
 /// One occurrence of a key in a writing batch, with what the table
 /// answered for it.
+#[derive(Debug)]
 enum Touch<'a> {
     /// A training read that returned `out`.
     Read { out: &'a [f32] },
@@ -1894,11 +1895,10 @@ impl<'m, M: LifecycleMaker, K: TestKey> LifeRunner<'m, M, K> {
             }
             assert!(
                 !next.is_empty(),
-                "{what}: no explanation for key {} (#{i}): it was {:?}, the batch had {} \
-                 occurrence(s) of it, the listener got {delivered:?}",
+                "{what}: no explanation for key {} (#{i}): it was {:?}, its occurrences in the \
+                 batch: {touches:?}, the listener got {delivered:?}",
                 K::nth(i),
                 self.keys[i],
-                touches.len(),
             );
             self.keys[i] = next;
         }
