@@ -34,7 +34,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Barrier, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use dynemb::{Evicted, Initializer, RestrictPolicy, SlotId, Variable};
@@ -126,6 +126,45 @@ impl Rng {
     }
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n
+    }
+}
+
+/// Where the writers, the remover and the expirer meet at the end of
+/// each half round: a barrier that a panic in any thread opens (the
+/// others fail too instead of waiting for ever).
+struct Rendezvous {
+    parties: usize,
+    arrived: AtomicUsize,
+    failed: AtomicBool,
+}
+
+impl Rendezvous {
+    /// Waits for every party's `round`-th arrival (counting from 0).
+    fn wait(&self, round: usize) {
+        self.arrived.fetch_add(1, Ordering::AcqRel);
+        while self.arrived.load(Ordering::Acquire) < (round + 1) * self.parties {
+            self.check();
+            std::thread::yield_now();
+        }
+    }
+
+    /// Fails if another thread failed.
+    fn check(&self) {
+        assert!(
+            !self.failed.load(Ordering::Relaxed),
+            "another thread failed"
+        );
+    }
+}
+
+/// Opens the rendezvous if its thread panics.
+struct FailOnPanic<'a>(&'a Rendezvous);
+
+impl Drop for FailOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.failed.store(true, Ordering::Relaxed);
+        }
     }
 }
 
@@ -289,14 +328,19 @@ fn bounded_variable_accounts_for_every_row_under_concurrent_writes_removals_and_
     let removed_calls = AtomicUsize::new(0);
     let peak = AtomicUsize::new(0);
     // Writers, remover and expirer meet at the end of every half round.
-    let barrier = Barrier::new(WRITERS as usize + 2);
+    let rendezvous = Rendezvous {
+        parties: WRITERS as usize + 2,
+        arrived: AtomicUsize::new(0),
+        failed: AtomicBool::new(false),
+    };
     let handoffs: Vec<Handoff> = (0..ROUNDS * 2).map(|_| Handoff::default()).collect();
 
     let logs: Vec<WriterLog> = std::thread::scope(|s| {
         let writers: Vec<_> = (0..WRITERS)
             .map(|t| {
-                let (var, barrier, handoffs) = (&var, &barrier, &handoffs);
+                let (var, rendezvous, handoffs) = (&var, &rendezvous, &handoffs);
                 s.spawn(move || {
+                    let _fail = FailOnPanic(rendezvous);
                     let mut writer = Writer {
                         var,
                         m,
@@ -308,7 +352,7 @@ fn bounded_variable_accounts_for_every_row_under_concurrent_writes_removals_and_
                     };
                     for (half, handoff) in handoffs.iter().enumerate() {
                         writer.half(half, handoff);
-                        barrier.wait();
+                        rendezvous.wait(half);
                     }
                     writer.log
                 })
@@ -317,9 +361,11 @@ fn bounded_variable_accounts_for_every_row_under_concurrent_writes_removals_and_
         // The remover: in the first half of each round, removes every key
         // handed to it (by batches, as they come).
         s.spawn(|| {
+            let _fail = FailOnPanic(&rendezvous);
             for (half, handoff) in handoffs.iter().enumerate() {
                 if half.is_multiple_of(2) {
                     loop {
+                        rendezvous.check();
                         let finished =
                             handoff.writers_done.load(Ordering::Acquire) == WRITERS as usize;
                         let keys = std::mem::take(
@@ -335,7 +381,7 @@ fn bounded_variable_accounts_for_every_row_under_concurrent_writes_removals_and_
                         }
                     }
                 }
-                barrier.wait();
+                rendezvous.wait(half);
             }
         });
         // The expirer: in the second half of each round, expires with
@@ -347,17 +393,19 @@ fn bounded_variable_accounts_for_every_row_under_concurrent_writes_removals_and_
                 Duration::from_millis(1),
                 Duration::from_secs(3600),
             ];
+            let _fail = FailOnPanic(&rendezvous);
             let mut calls = 0;
             for (half, handoff) in handoffs.iter().enumerate() {
                 if !half.is_multiple_of(2) {
                     while handoff.writers_done.load(Ordering::Acquire) < WRITERS as usize {
+                        rendezvous.check();
                         let age = ages[calls % ages.len()];
                         calls += 1;
                         expired_total.fetch_add(var.expire(age).unwrap(), Ordering::Relaxed);
                         std::thread::yield_now();
                     }
                 }
-                barrier.wait();
+                rendezvous.wait(half);
             }
         });
         // The reader: rows of any key, never torn.
@@ -365,7 +413,8 @@ fn bounded_variable_accounts_for_every_row_under_concurrent_writes_removals_and_
             let mut rng = Rng::new(99);
             let mut out = vec![0.0; BATCH * DIM];
             let mut slots = vec![0.0; BATCH * DIM];
-            while !done.load(Ordering::Relaxed) {
+            let _fail = FailOnPanic(&rendezvous);
+            while !done.load(Ordering::Relaxed) && !rendezvous.failed.load(Ordering::Relaxed) {
                 let keys: Vec<u64> = (0..BATCH)
                     .map(|i| {
                         if i % 4 == 0 {
@@ -386,7 +435,8 @@ fn bounded_variable_accounts_for_every_row_under_concurrent_writes_removals_and_
         });
         // The watcher: the capacity holds at every moment.
         s.spawn(|| {
-            while !done.load(Ordering::Relaxed) {
+            let _fail = FailOnPanic(&rendezvous);
+            while !done.load(Ordering::Relaxed) && !rendezvous.failed.load(Ordering::Relaxed) {
                 let size = var.size();
                 peak.fetch_max(size, Ordering::Relaxed);
                 assert!(size <= CAPACITY, "size {size} > capacity {CAPACITY}");
