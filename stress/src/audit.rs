@@ -26,6 +26,9 @@ pub fn run(shared: &Shared, locals: Option<&[u64]>) {
     let started = Instant::now();
     ledger(shared, locals);
     main(shared);
+    if let Some(bounded) = &shared.bounded {
+        bounded.audit(shared);
+    }
     shared.stats.audits.add(started.elapsed());
 }
 

@@ -4,7 +4,7 @@
 //! soak --duration D [--threads N] [--dim D] [--dir PATH] [--keys N] [--shards S]
 //!      [--batch B] [--policy frequency|timestamp] [--checkpoint-every D]
 //!      [--audit-every D] [--progress-every D] [--ledger-keys N] [--seed S]
-//!      [--max-rss-gib G] [--keep-checkpoints]
+//!      [--max-rss-gib G] [--keep-checkpoints] [--capacity N] [--expire-every D]
 //! ```
 //!
 //! Durations are a number with a unit, or several (`90s`, `30m`, `1h30m`,
@@ -76,6 +76,15 @@ pub struct Options {
     /// Leave the checkpoints in --dir at the end (default: removed).
     #[arg(long)]
     pub keep_checkpoints: bool,
+    /// Also train a bounded variable of N rows (at least one per shard)
+    /// with an eviction listener and expiry, whose books account for every
+    /// row (see the `bounded` module).
+    #[arg(long, value_name = "N", value_parser = positive)]
+    pub capacity: Option<usize>,
+    /// Pause between two `expire` calls on the bounded variable (longer
+    /// than zero).
+    #[arg(long, value_name = "D", value_parser = nonzero_duration, default_value = "1s")]
+    pub expire_every: Duration,
 }
 
 /// The default of `--threads`: the available parallelism, at least 2.
@@ -231,6 +240,10 @@ mod tests {
         assert!(parse(&["--threads", "2"])
             .unwrap_err()
             .contains("--duration"));
+        assert_eq!(options.capacity, None);
+        assert_eq!(options.expire_every, Duration::from_secs(1));
+        let options = parse(&["--duration", "20s", "--capacity", "50_000"]).unwrap();
+        assert_eq!(options.capacity, Some(50_000));
     }
 
     #[test]
@@ -246,6 +259,10 @@ mod tests {
         assert!(e.contains("--policy") && e.contains("'lru'"), "{e}");
         let e = err(&["--duration", "1m", "--max-rss-gib", "0"]);
         assert!(e.contains("--max-rss-gib"), "{e}");
+        let e = err(&["--duration", "1m", "--capacity", "0"]);
+        assert!(e.contains("--capacity"), "{e}");
+        let e = err(&["--duration", "1m", "--expire-every", "0s"]);
+        assert!(e.contains("--expire-every"), "{e}");
         let e = err(&["--duration", "soon"]);
         assert!(
             e.contains("--duration") && e.contains("not a duration"),

@@ -5,7 +5,7 @@
 //! cargo run --release -p dynemb-stress --bin soak -- --duration 30m [--threads N] [--dim D]
 //!     [--dir PATH] [--keys N] [--shards S] [--batch B] [--policy frequency|timestamp]
 //!     [--checkpoint-every D] [--audit-every D] [--progress-every D] [--ledger-keys N]
-//!     [--seed S] [--max-rss-gib G] [--keep-checkpoints]
+//!     [--seed S] [--max-rss-gib G] [--keep-checkpoints] [--capacity N] [--expire-every D]
 //! ```
 //!
 //! It is not part of `cargo test`: run it by hand, for minutes or hours.
@@ -106,6 +106,7 @@
 //! the run fails if RSS passes `--max-rss-gib`.
 
 mod audit;
+mod bounded;
 mod checkpoints;
 mod cli;
 mod rows;
@@ -164,6 +165,13 @@ fn print_plan(options: &Options) {
         options.dir.display(),
         options.audit_every,
     );
+    if let Some(capacity) = options.capacity {
+        println!(
+            "soak: bounded variable: capacity {capacity}, eviction listener, Timestamp policy, \
+             expire every {:?}",
+            options.expire_every
+        );
+    }
 }
 
 /// Runs the load, the checkpoint thread and the monitor; then the final
@@ -208,6 +216,14 @@ fn run(shared: &Shared, restored: &checkpoints::Restored) {
     sample(shared);
     println!("\nsummary");
     println!("{}", shared.stats.summary(elapsed, 0));
+    if let Some(bounded) = &shared.bounded {
+        println!(
+            "{} (keys written {}, read {}; the books balanced in every audit)",
+            bounded.describe(),
+            bounded.keys_written.load(Ordering::Relaxed),
+            bounded.keys_read.load(Ordering::Relaxed)
+        );
+    }
 }
 
 /// Samples every 50 ms, prints progress, runs audits, until the duration
@@ -217,6 +233,7 @@ fn monitor(shared: &Shared) {
     let end = shared.started + options.duration;
     let mut next_progress = shared.started + options.progress_every;
     let mut next_audit = shared.started + options.audit_every;
+    let mut next_expire = shared.started + options.expire_every;
     let mut last = (shared.started, shared.stats.totals());
     loop {
         let now = Instant::now();
@@ -224,6 +241,12 @@ fn monitor(shared: &Shared) {
             break;
         }
         sample(shared);
+        if let Some(bounded) = &shared.bounded {
+            if now >= next_expire {
+                bounded.expire(shared);
+                next_expire = Instant::now() + options.expire_every;
+            }
+        }
         if now >= next_audit {
             let paused = shared.pause_workers();
             let audit_started = Instant::now();
@@ -301,6 +324,9 @@ fn progress(shared: &Shared, keys_per_second: f64) {
         stats.restrict_removed.load(Ordering::Relaxed),
         stats.audits.count.load(Ordering::Relaxed),
     );
+    if let Some(bounded) = &shared.bounded {
+        println!("           {}", bounded.describe());
+    }
 }
 
 /// Resident set size of this process in bytes (`VmRSS` of

@@ -3,6 +3,7 @@
 //! counters. A violation anywhere ends the process through
 //! [`Shared::violation`].
 
+use crate::bounded::Bounded;
 use crate::cli::Options;
 use crate::rows::{ledger_key, main_key, LEDGER_MARKERS};
 use crate::stats::Stats;
@@ -109,6 +110,8 @@ pub struct Shared {
     pub removal_gate: RwLock<()>,
     /// Set while one worker runs `restrict`.
     pub restricting: AtomicBool,
+    /// The bounded variable, with `--capacity`.
+    pub bounded: Option<Bounded>,
     /// Counters.
     pub stats: Stats,
     /// When the load started.
@@ -158,6 +161,10 @@ impl Shared {
             started: (0..2 * per_kind).map(|_| AtomicU64::new(0)).collect(),
             done: (0..2 * per_kind).map(|_| AtomicU64::new(0)).collect(),
         };
+        let bounded = options.capacity.map(|capacity| {
+            Bounded::new(capacity, options.dim, options.shards)
+                .unwrap_or_else(|e| build_failed("bounded variable", e))
+        });
         let stats = Stats::new(options.shards);
         Shared {
             options,
@@ -171,6 +178,7 @@ impl Shared {
             pause: RwLock::new(()),
             removal_gate: RwLock::new(()),
             restricting: AtomicBool::new(false),
+            bounded,
             stats,
             started: Instant::now(),
         }

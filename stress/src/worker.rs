@@ -105,8 +105,18 @@ pub fn run(shared: &Shared, index: usize) -> Vec<u64> {
         exists: Vec::new(),
         deltas: Vec::new(),
     };
+    let mut bounded = shared
+        .bounded
+        .as_ref()
+        .map(|b| crate::bounded::Worker::new(shared, b));
     while !shared.stop.load(Ordering::Relaxed) {
         let _running = shared.running();
+        if let Some(bounded) = &mut bounded {
+            if worker.rng.chance(0.25) {
+                bounded.step(&mut worker.rng, shared.options.batch);
+                continue;
+            }
+        }
         worker.maybe_restrict();
         let growing = !shared.grown.load(Ordering::Relaxed);
         let weights = if growing { &GROWING } else { &CHURNING };
