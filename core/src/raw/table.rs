@@ -254,6 +254,14 @@ impl<'t, 'g> Writer<'t, 'g> {
         hash: u64,
         fill: impl FnOnce(u64),
     ) -> Result<(u64, bool)> {
+        if self.table.bound.is_some() {
+            // The caller's probe may be stale (an earlier occurrence of the
+            // key in this batch inserted it since): look again before
+            // taking a permit, which may evict a row.
+            if let Some(existing) = self.table.find(self.index(), key, hash, self.guard) {
+                return Ok((existing, false));
+            }
+        }
         let row = self.table.rows.take(&mut self.cache)?;
         if self.table.bound.is_some() {
             self.take_permit();
@@ -885,7 +893,13 @@ impl Table {
             let dst = &mut out[at..at + dim];
             if found != MISSING {
                 self.rows.read(found, dst);
-                return Ok(());
+                // The pipeline looked a few keys ago: a row evicted or
+                // removed since is not the key's row any more (its id is
+                // not reused while the batch is pinned, so a row live now
+                // was the key's when it was read).
+                if self.rows.live_score(found).is_some() {
+                    return Ok(());
+                }
             }
             if let Some(admitter) = &self.admitter {
                 // The pipeline looked a few keys ago: look again before
