@@ -105,7 +105,8 @@ impl TableOptions {
 
     /// The lifecycle part of [`TableOptions::check`].
     fn check_lifecycle(&self, name: &str) -> Result<()> {
-        let refuse = |what: String| Err(Error::InvalidArgument(format!("variable {name:?}: {what}")));
+        let refuse =
+            |what: String| Err(Error::InvalidArgument(format!("variable {name:?}: {what}")));
         if let Some(capacity) = self.capacity {
             if capacity < self.shards {
                 return refuse(format!(

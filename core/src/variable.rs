@@ -58,7 +58,7 @@
 use crate::checkpoint;
 use crate::checks::{batch_len, check_finite, check_len, check_slot_list};
 use crate::lifecycle::admission::Admitter;
-use crate::lifecycle::{EvictedRows, LifecycleStats, DEFAULT_PENDING_BOUND};
+use crate::lifecycle::{EvictedRows, LifecycleStats, ShardListener, DEFAULT_PENDING_BOUND};
 use crate::raw::kernels::first_non_finite;
 use crate::raw::{ExportColumns, ExportedRows, Lifecycle, Positions, Table};
 use crate::{
@@ -204,13 +204,13 @@ impl<K: Key> Variable<K> {
             Arc::new(move |rows: &EvictedRows| {
                 let names = slots.read().unwrap_or_else(PoisonError::into_inner).clone();
                 (listener.call)(rows, &names);
-            }) as Arc<dyn Fn(&EvictedRows) + Send + Sync>
+            }) as ShardListener
         });
         let shards = (0..shard_count)
             .map(|shard| {
-                let capacity = options.capacity.map(|rows| {
-                    rows / shard_count + usize::from(shard < rows % shard_count)
-                });
+                let capacity = options
+                    .capacity
+                    .map(|rows| rows / shard_count + usize::from(shard < rows % shard_count));
                 let lifecycle = Lifecycle {
                     capacity,
                     frequency_decay: options.frequency_decay,
@@ -908,7 +908,9 @@ impl<K: Key> Variable<K> {
         let age = u64::try_from(older_than.as_nanos()).unwrap_or(u64::MAX);
         let cutoff = now.saturating_sub(age);
         let removed: usize = self.inner.shards.iter().map(|t| t.expire(cutoff)).sum();
-        self.inner.expired.fetch_add(removed as u64, Ordering::Relaxed);
+        self.inner
+            .expired
+            .fetch_add(removed as u64, Ordering::Relaxed);
         Ok(removed)
     }
 

@@ -166,6 +166,10 @@ impl EvictedRows {
 /// with one shard's evicted rows (keys as bits) and the slot names.
 pub(crate) type RowsListener = dyn Fn(&EvictedRows, &[String]) + Send + Sync;
 
+/// What a shard calls with the rows one batch evicted (the variable adds
+/// the slot names and the key type).
+pub(crate) type ShardListener = Arc<dyn Fn(&EvictedRows) + Send + Sync>;
+
 /// An eviction listener, as [`TableOptions::on_evict`](crate::TableOptions::on_evict)
 /// keeps it (made by [`VariableBuilder::on_evict`](crate::VariableBuilder::on_evict)).
 #[derive(Clone)]

@@ -430,6 +430,17 @@ impl Index {
 
     /// Removes `key` if present, returning its row id (the caller retires it).
     pub(crate) fn remove(&self, key: u64, hash: u64) -> Remove {
+        self.remove_if_row(key, hash, None)
+    }
+
+    /// Removes `key` only if it maps to row id `row` (an eviction or expiry
+    /// that chose the row, not whatever row the key has now): `Absent` if
+    /// the key is missing or maps to another row.
+    pub(crate) fn remove_row(&self, key: u64, hash: u64, row: u64) -> Remove {
+        self.remove_if_row(key, hash, Some(row))
+    }
+
+    fn remove_if_row(&self, key: u64, hash: u64, only: Option<u64>) -> Remove {
         let h = tags::h6(hash);
         let mut group = self.first_group(hash);
         for _ in 0..self.groups() {
@@ -440,6 +451,9 @@ impl Index {
                     continue;
                 }
                 let row = s.row.load(Ordering::Relaxed);
+                if only.is_some_and(|only| only != row) {
+                    return Remove::Absent;
+                }
                 return match self.swap_tag(group, slot, tags::full(h), tags::DELETED) {
                     Ok(()) => Remove::Removed(row),
                     Err(tags::DELETED) => Remove::Absent,

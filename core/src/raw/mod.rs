@@ -34,6 +34,7 @@
 //! are unused, hence the `allow` below.
 #![cfg_attr(not(feature = "raw"), allow(dead_code, unused_imports))]
 
+mod bound;
 mod epoch;
 pub(crate) mod fs;
 pub(crate) mod index;

@@ -48,6 +48,7 @@ use super::kernels::{
     load_row, load_row_xor, prefetch_span, store_row, store_row_xor, words_for_dim, xor_mask,
 };
 use super::zeroed::{try_zeroed_slice, ZeroedSlice};
+use crate::lifecycle::EvictedRows;
 use crossbeam_epoch::Guard;
 use crossbeam_queue::SegQueue;
 use crossbeam_utils::Backoff;
@@ -301,6 +302,17 @@ impl Drop for RowLock<'_> {
     }
 }
 
+/// What [`RowStore::unlink`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Unlink {
+    /// The row was removed (and dead).
+    Removed,
+    /// The row stays (dead already, or not to be removed).
+    Kept,
+    /// The index is migrating: help it, and try again.
+    Retry,
+}
+
 /// Row ids taken by one batch and not yet used.
 #[derive(Default)]
 pub(crate) struct RowCache {
@@ -325,14 +337,42 @@ pub(crate) struct RowStore {
     high_water: AtomicU64,
     /// Row ids free for reuse, in batches.
     free: Arc<SegQueue<Vec<u64>>>,
+    /// Each row's eviction rank, if the table evicts (see [`Ranks`]).
+    ranks: Option<Column>,
+    /// How ranks follow writes.
+    rank_rule: Ranks,
+}
+
+/// How a table that evicts ranks its rows, in a column of one word per row
+/// beside the rows (so that an eviction sweep reads eight ranks per cache
+/// line without touching a row). A rank of 0 means "not a candidate" (no
+/// live row); a live row's rank is 1 more than what it is compared by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ranks {
+    /// No eviction: no rank column.
+    Off,
+    /// The rank follows the row's score (a timestamp, or a count of
+    /// writes).
+    Scores,
+    /// A count of writes that the sweep halves as it passes (LFU ageing);
+    /// the row's score stays the plain count.
+    DecayedCounts,
 }
 
 impl RowStore {
     /// An empty store for rows of `dim` values, with a score word per row
     /// when `scored`.
+    #[cfg(test)]
     pub(crate) fn new(dim: usize, scored: bool) -> RowStore {
+        Self::with_ranks(dim, scored, Ranks::Off)
+    }
+
+    /// [`RowStore::new`] that keeps an eviction rank per row by `rule`.
+    pub(crate) fn with_ranks(dim: usize, scored: bool, rule: Ranks) -> RowStore {
         let values_at = HEADER_WORDS + usize::from(scored);
         RowStore {
+            ranks: (rule != Ranks::Off).then(|| Column::new(1)),
+            rank_rule: rule,
             dim,
             scored,
             values_at,
@@ -401,6 +441,10 @@ impl RowStore {
             .map(|slot| self.slot(slot).column.memory_bytes(rows))
             .sum::<usize>()
             + self.main.memory_bytes(rows)
+            + self
+                .ranks
+                .as_ref()
+                .map_or(0, |ranks| ranks.memory_bytes(rows))
     }
 
     /// Backs the next `rows` fresh row ids (from the high-water mark on)
@@ -408,7 +452,11 @@ impl RowStore {
     /// [`Table::reserve_rows`](super::table::Table::reserve_rows).
     /// At most `max_bytes` (and at most [`PREFAULT_MAX_BYTES`]) are backed.
     pub(crate) fn prefault(&self, rows: u64, max_bytes: u64) {
-        let slot_columns = || (0..self.slot_count()).map(|slot| &self.slot(slot).column);
+        let slot_columns = || {
+            (0..self.slot_count())
+                .map(|slot| &self.slot(slot).column)
+                .chain(self.ranks.as_ref())
+        };
         let row_bytes: usize = std::iter::once(&self.main)
             .chain(slot_columns())
             .map(|column| column.words_per_row * 8)
@@ -462,7 +510,9 @@ impl RowStore {
             // Fresh ranges never straddle a segment (segments start at
             // multiples of 1024, ranges at multiples of FRESH_BATCH), so the
             // first row's segment is the range's.
-            let slot_columns = (0..self.slot_count()).map(|slot| &self.slot(slot).column);
+            let slot_columns = (0..self.slot_count())
+                .map(|slot| &self.slot(slot).column)
+                .chain(self.ranks.as_ref());
             for column in std::iter::once(&self.main).chain(slot_columns) {
                 if let Err(bytes) = column.try_ensure(start) {
                     let _ = self.high_water.compare_exchange(
@@ -584,10 +634,16 @@ impl RowStore {
         if self.scored {
             let word = &words[SCORE_WORD];
             let fresh = live == Some(true);
-            word.store(
-                score.after(word.load(Ordering::Relaxed), fresh),
-                Ordering::Relaxed,
-            );
+            let after = score.after(word.load(Ordering::Relaxed), fresh);
+            word.store(after, Ordering::Relaxed);
+            if let Some(ranks) = &self.ranks {
+                let rank = &ranks.row(row)[0];
+                let value = match live {
+                    Some(false) => 0,
+                    _ => self.rank_after(rank.load(Ordering::Relaxed), score, after, fresh),
+                };
+                rank.store(value, Ordering::Relaxed);
+            }
         }
         let live_bit = match live {
             Some(true) => LIVE,
@@ -776,6 +832,127 @@ impl RowStore {
                 return;
             }
         }
+    }
+
+    /// A written row's new rank, from its rank before, the write's score
+    /// rule and the score it left (see [`Ranks`]).
+    fn rank_after(&self, old: u64, rule: Score, score: u64, fresh: bool) -> u64 {
+        match (self.rank_rule, rule) {
+            (Ranks::DecayedCounts, Score::Count) if !fresh => old.max(1).saturating_add(1),
+            _ => score.saturating_add(1),
+        }
+    }
+
+    /// The eviction rank of `row` (0: not a candidate, or no rank column).
+    /// A hint read without the row's lock.
+    #[inline]
+    pub(crate) fn rank(&self, row: u64) -> u64 {
+        self.ranks
+            .as_ref()
+            .and_then(|ranks| ranks.try_row(row))
+            .map_or(0, |words| words[0].load(Ordering::Relaxed))
+    }
+
+    /// Halves the decayed count of a live row as the sweep passes it (a
+    /// race with a write loses one of the two, which a hint may).
+    pub(crate) fn age_rank(&self, row: u64, seen: u64) {
+        if self.rank_rule != Ranks::DecayedCounts || seen <= 1 {
+            return;
+        }
+        if let Some(words) = self.ranks.as_ref().and_then(|ranks| ranks.try_row(row)) {
+            let halved = (seen / 2).max(1);
+            let _ = words[0].compare_exchange(seen, halved, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+
+    /// Under the row's lock: if the row is live, asks `decide(key, score)`
+    /// whether it goes (the caller unlinks the key from the index there);
+    /// on [`Unlink::Removed`] copies the row (values, every slot, score)
+    /// into `take` if given and marks it dead, all before the lock is
+    /// released, so no write can land after the copy. Otherwise the row is
+    /// released unchanged.
+    pub(crate) fn unlink(
+        &self,
+        row: u64,
+        take: Option<&mut EvictedRows>,
+        decide: impl FnOnce(u64, u64) -> Unlink,
+    ) -> Unlink {
+        let Some(words) = self.main.try_row(row) else {
+            return Unlink::Kept;
+        };
+        let state = &words[0];
+        let before = Self::lock(state);
+        let mut lock = RowLock {
+            state,
+            release_to: before,
+        };
+        if before & LIVE == 0 {
+            return Unlink::Kept;
+        }
+        let key = words[1].load(Ordering::Relaxed);
+        let score = if self.scored {
+            words[SCORE_WORD].load(Ordering::Relaxed)
+        } else {
+            0
+        };
+        let decision = decide(key, score);
+        if decision != Unlink::Removed {
+            return decision;
+        }
+        if let Some(take) = take {
+            self.copy_out(row, words, key, score, take);
+        }
+        if let Some(ranks) = &self.ranks {
+            ranks.row(row)[0].store(0, Ordering::Relaxed);
+        }
+        lock.release_to = (before & !(LIVE | LOCKED)) + VERSION_STEP;
+        Unlink::Removed
+    }
+
+    /// Appends a locked row's key, values, slots and score to `take`.
+    fn copy_out(
+        &self,
+        row: u64,
+        words: &[AtomicU64],
+        key: u64,
+        score: u64,
+        take: &mut EvictedRows,
+    ) {
+        let dim = self.dim;
+        let rows_before = take.keys.len();
+        take.keys.push(key);
+        let at = take.values.len();
+        take.values.resize(at + dim, 0.0);
+        load_row(&words[self.values_at..], &mut take.values[at..]);
+        if self.scored {
+            take.scores.push(score);
+        }
+        let count = self.slot_count();
+        while take.slots.len() < count {
+            // A slot added since this batch's first eviction: its earlier
+            // rows held the slot's initial value.
+            let initial = self.slot(take.slots.len()).initial;
+            take.slots.push(vec![initial; rows_before * dim]);
+        }
+        for (slot, column) in take.slots.iter_mut().enumerate().take(count) {
+            let at = column.len();
+            column.resize(at + dim, 0.0);
+            self.slot(slot).load(row, &mut column[at..]);
+        }
+    }
+
+    /// The score of `row` if it is live (a hint, read without its lock;
+    /// `None` for a dead or unallocated row).
+    pub(crate) fn live_score(&self, row: u64) -> Option<u64> {
+        let words = self.main.try_row(row)?;
+        if words[0].load(Ordering::Relaxed) & LIVE == 0 {
+            return None;
+        }
+        Some(if self.scored {
+            words[SCORE_WORD].load(Ordering::Relaxed)
+        } else {
+            0
+        })
     }
 
     /// The row's score (0 in a store without scores).

@@ -16,20 +16,21 @@
 //! every other writer that runs into the migration; readers keep reading the
 //! old index and follow `next` for keys already moved, so they never wait.
 
+use super::bound::Bound;
 use super::epoch::Epoch;
-use super::index::{FirstGroup, Index, Insert, Remove, MIN_CAPACITY};
+use super::index::{hash_key, FirstGroup, Index, Insert, Remove, MIN_CAPACITY};
 use super::kernels::{add_row_if_finite, prefetch_span};
 use super::pipeline::Access;
-use super::rows::{RowCache, RowStore, Score, MAX_ROWS, MAX_SLOTS};
+use super::rows::{Ranks, RowCache, RowStore, Score, Unlink, MAX_ROWS, MAX_SLOTS};
 use super::sync::Spin;
 use crate::lifecycle::admission::Admitter;
-use crate::lifecycle::EvictedRows;
+use crate::lifecycle::{EvictedRows, ShardListener};
 use crate::restrict::next_timestamp;
 use crate::{Error, RestrictPolicy, Result};
-use std::sync::Arc;
 use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Largest row width (`dim`) a table, and so a variable, accepts.
 pub const MAX_DIM: usize = 1 << 20;
@@ -40,6 +41,8 @@ const MIGRATE_TAGS_AHEAD: usize = 4;
 const MIGRATE_SLOTS_AHEAD: usize = 2;
 /// How far ahead an export scan prefetches rows.
 const EXPORT_PREFETCH: u64 = 4;
+/// Row ids one pin of an expiry scan covers.
+const EXPIRE_CHUNK: u64 = 4096;
 /// Row id meaning "not found".
 pub(super) const MISSING: u64 = u64::MAX;
 
@@ -111,6 +114,16 @@ pub struct Table {
     len: AtomicI64,
     epoch: Epoch,
     policy: Option<RestrictPolicy>,
+    /// The capacity, if bounded.
+    bound: Option<Bound>,
+    /// Admission counts, if keys are admitted after a few training reads.
+    admitter: Option<Arc<Admitter>>,
+    /// Receives evicted rows.
+    listener: Option<ShardListener>,
+    /// Rows evicted so far.
+    evicted: AtomicU64,
+    /// Training reads of keys not admitted so far.
+    not_admitted: AtomicU64,
 }
 
 /// What a table does besides holding rows: a capacity (with eviction and
@@ -124,7 +137,7 @@ pub(crate) struct Lifecycle {
     /// Admission counts (shared by a variable's shards).
     pub(crate) admitter: Option<Arc<Admitter>>,
     /// Receives evicted rows.
-    pub(crate) listener: Option<Arc<dyn Fn(&EvictedRows) + Send + Sync>>,
+    pub(crate) listener: Option<ShardListener>,
 }
 
 /// What an export scan copies besides the keys.
@@ -190,6 +203,14 @@ struct Writer<'t, 'g> {
     budget: usize,
     cache: RowCache,
     inserted: i64,
+    /// Insert permits held (a bounded table's, see [`Bound`]).
+    permits: usize,
+    /// Rows this batch evicted, for the listener.
+    evicted: EvictedRows,
+    /// Row ids this batch evicted, retired at its end.
+    retired: Vec<u64>,
+    /// Training reads of keys not admitted.
+    not_admitted: u64,
 }
 
 impl<'t, 'g> Writer<'t, 'g> {
@@ -201,6 +222,10 @@ impl<'t, 'g> Writer<'t, 'g> {
             budget: 0,
             cache: RowCache::default(),
             inserted: 0,
+            permits: 0,
+            evicted: EvictedRows::default(),
+            retired: Vec::new(),
+            not_admitted: 0,
         }
     }
 
@@ -230,6 +255,9 @@ impl<'t, 'g> Writer<'t, 'g> {
         fill: impl FnOnce(u64),
     ) -> Result<(u64, bool)> {
         let row = self.table.rows.take(&mut self.cache)?;
+        if self.table.bound.is_some() {
+            self.take_permit();
+        }
         let mut fill = Some(fill);
         loop {
             let publish = || {
@@ -244,6 +272,7 @@ impl<'t, 'g> Writer<'t, 'g> {
                 Insert::Inserted => {
                     self.table.rows.prefetch_upcoming(&self.cache);
                     self.inserted += 1;
+                    self.permits = self.permits.saturating_sub(1);
                     return Ok((row, true));
                 }
                 Insert::Found(existing) => {
@@ -260,14 +289,100 @@ impl<'t, 'g> Writer<'t, 'g> {
     }
 }
 
+impl Writer<'_, '_> {
+    /// Makes sure this batch holds a permit for one more key in a bounded
+    /// table: takes some if there is room, else evicts a row and takes
+    /// its permit (see [`Bound`]).
+    fn take_permit(&mut self) {
+        let Some(bound) = &self.table.bound else {
+            return;
+        };
+        let spin = Spin::new();
+        while self.permits == 0 {
+            self.permits = bound.take();
+            if self.permits > 0 {
+                return;
+            }
+            if bound.evict(&self.table.rows, |row| self.evict(row)) {
+                self.permits = 1;
+                return;
+            }
+            // Every permit is held by batches in flight: wait for them.
+            spin.wait();
+        }
+    }
+
+    /// Evicts `row` if it is still live: unlinks its key from the index
+    /// (only if the key still maps to this row), copies it for the
+    /// listener and marks it dead, under the row's lock. False if the row
+    /// died or changed hands meanwhile.
+    fn evict(&mut self, row: u64) -> bool {
+        let take = self.table.listener.is_some();
+        loop {
+            let index = self.index();
+            let evicted = take.then_some(&mut self.evicted);
+            let outcome = self.table.rows.unlink(row, evicted, |key, _| {
+                match index.remove_row(key, hash_key(key), row) {
+                    Remove::Removed(_) => Unlink::Removed,
+                    Remove::Absent => Unlink::Kept,
+                    Remove::Migrating => Unlink::Retry,
+                }
+            });
+            match outcome {
+                Unlink::Removed => {
+                    index.add_deleted(1);
+                    self.retired.push(row);
+                    return true;
+                }
+                Unlink::Kept => return false,
+                Unlink::Retry => self.catch_up(),
+            }
+        }
+    }
+
+    /// Whether the batch may insert `key` without a training read
+    /// (admission; always, in a table without it).
+    fn admits(&self, key: u64) -> bool {
+        self.table.admitter.as_ref().is_none_or(|a| a.admits(key))
+    }
+}
+
 impl Drop for Writer<'_, '_> {
-    /// Publishes the batch's counts and returns unused reservations and rows,
-    /// also when a caller's closure (an `update_rows` update) panicked
-    /// midway through the batch.
+    /// Publishes the batch's counts and returns unused reservations,
+    /// permits and rows, also when a caller's closure (an `update_rows`
+    /// update) panicked midway through the batch; then the evicted rows
+    /// not yet handed to the listener go to it.
     fn drop(&mut self) {
         self.index().unreserve(self.budget);
         self.table.rows.release(std::mem::take(&mut self.cache));
-        self.table.len.fetch_add(self.inserted, Ordering::Relaxed);
+        let evicted = self.retired.len() as i64;
+        self.table
+            .len
+            .fetch_add(self.inserted - evicted, Ordering::Relaxed);
+        if let Some(bound) = &self.table.bound {
+            bound.release(self.permits);
+        }
+        self.table
+            .evicted
+            .fetch_add(evicted as u64, Ordering::Relaxed);
+        self.table
+            .not_admitted
+            .fetch_add(self.not_admitted, Ordering::Relaxed);
+        if !self.retired.is_empty() {
+            // Evicted rows return to the free pool as soon as the epoch
+            // allows, so inserts reuse them instead of growing the arena.
+            self.table
+                .rows
+                .retire(self.guard, std::mem::take(&mut self.retired));
+            self.guard.flush();
+        }
+        if !self.evicted.is_empty() {
+            // Only on a panic: a batch that ends normally hands its rows
+            // to the listener itself, outside the batch's pin.
+            let rows = std::mem::take(&mut self.evicted);
+            let table = self.table;
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| table.deliver(&rows)));
+        }
     }
 }
 
@@ -300,6 +415,33 @@ impl Table {
         capacity: usize,
         policy: Option<RestrictPolicy>,
     ) -> Result<Table> {
+        Table::with_lifecycle(dim, capacity, policy, Lifecycle::default())
+    }
+
+    /// [`Table::with_restrict_policy`] with `lifecycle`'s capacity (which
+    /// needs a policy: Timestamp if none is given), listener and
+    /// admission.
+    pub(crate) fn with_lifecycle(
+        dim: usize,
+        capacity: usize,
+        policy: Option<RestrictPolicy>,
+        lifecycle: Lifecycle,
+    ) -> Result<Table> {
+        let bound = lifecycle
+            .capacity
+            .map(|rows| Bound::new(rows, lifecycle.frequency_decay));
+        let policy = match (&bound, policy) {
+            (Some(_), None) => Some(RestrictPolicy::Timestamp),
+            (_, policy) => policy,
+        };
+        let capacity = bound
+            .as_ref()
+            .map_or(capacity, |bound| capacity.min(bound.capacity()));
+        let ranks = match (&bound, lifecycle.frequency_decay, policy) {
+            (None, _, _) => Ranks::Off,
+            (Some(_), true, Some(RestrictPolicy::Frequency)) => Ranks::DecayedCounts,
+            (Some(_), _, _) => Ranks::Scores,
+        };
         if !(1..=MAX_DIM).contains(&dim) {
             return Err(Error::InvalidArgument(format!(
                 "dim must be in 1..={MAX_DIM}, got {dim}"
@@ -315,39 +457,95 @@ impl Table {
         })?;
         Ok(Table {
             index: Atomic::new(index),
-            rows: RowStore::new(dim, policy.is_some()),
+            rows: RowStore::with_ranks(dim, policy.is_some(), ranks),
             len: AtomicI64::new(0),
             epoch: Epoch::new(),
             policy,
+            bound,
+            admitter: lifecycle.admitter,
+            listener: lifecycle.listener,
+            evicted: AtomicU64::new(0),
+            not_admitted: AtomicU64::new(0),
         })
     }
 
-    /// [`Table::with_restrict_policy`] with `lifecycle`'s capacity,
-    /// listener and admission.
-    pub(crate) fn with_lifecycle(
-        dim: usize,
-        capacity: usize,
-        policy: Option<RestrictPolicy>,
-        lifecycle: Lifecycle,
-    ) -> Result<Table> {
-        let _ = lifecycle;
-        Table::with_restrict_policy(dim, capacity, policy)
+    /// Most rows the table holds, if bounded.
+    pub fn row_capacity(&self) -> Option<usize> {
+        self.bound.as_ref().map(Bound::capacity)
     }
 
     /// Rows evicted so far.
     pub fn evicted(&self) -> u64 {
-        0
+        self.evicted.load(Ordering::Relaxed)
     }
 
     /// Training reads of keys not admitted so far.
     pub fn not_admitted_reads(&self) -> u64 {
-        0
+        self.not_admitted.load(Ordering::Relaxed)
     }
 
-    /// Removes the rows whose score is below `cutoff`.
+    /// Hands a batch's evicted rows to the listener.
+    fn deliver(&self, rows: &EvictedRows) {
+        if let Some(listener) = &self.listener {
+            listener(rows);
+        }
+    }
+
+    /// Removes the live rows whose score is below `cutoff` (with their
+    /// slots; not to the listener) and returns how many. Each row's score
+    /// is checked again under its lock just before its key is unlinked, so
+    /// a row written meanwhile stays.
     pub fn expire(&self, cutoff: u64) -> usize {
-        let _ = cutoff;
-        0
+        let mut removed = 0;
+        let mut start = 0;
+        while start < self.rows.high_water() {
+            let guard = self.epoch.pin();
+            let end = (start + EXPIRE_CHUNK).min(self.rows.high_water());
+            let mut retired = Vec::new();
+            for row in start..end {
+                if self.rows.live_score(row).is_none_or(|s| s >= cutoff) {
+                    continue;
+                }
+                loop {
+                    let index_ptr = self.index.load(Ordering::Acquire, &guard);
+                    // SAFETY: loaded under `guard` (see `Writer::index`).
+                    let index = unsafe { index_ptr.deref() };
+                    let outcome = self.rows.unlink(row, None, |key, score| {
+                        if score >= cutoff {
+                            return Unlink::Kept;
+                        }
+                        match index.remove_row(key, hash_key(key), row) {
+                            Remove::Removed(_) => Unlink::Removed,
+                            Remove::Absent => Unlink::Kept,
+                            Remove::Migrating => Unlink::Retry,
+                        }
+                    });
+                    match outcome {
+                        Unlink::Removed => {
+                            index.add_deleted(1);
+                            retired.push(row);
+                            break;
+                        }
+                        Unlink::Kept => break,
+                        Unlink::Retry => self.help_migrate(index_ptr, &guard),
+                    }
+                }
+            }
+            removed += retired.len();
+            self.forget(retired.len());
+            self.rows.retire(&guard, retired);
+            guard.flush();
+            start = end;
+        }
+        removed
+    }
+
+    /// Counts `n` keys removed from the index.
+    fn forget(&self, n: usize) {
+        self.len.fetch_sub(n as i64, Ordering::Relaxed);
+        if let Some(bound) = &self.bound {
+            bound.release(n);
+        }
     }
 
     /// The restrict policy its scores follow, if any.
@@ -414,9 +612,14 @@ impl Table {
         self.rows.dim()
     }
 
-    /// Number of keys (exact when no batch is in flight).
+    /// Number of keys (exact when no batch is in flight). In a bounded
+    /// table it counts the permits batches in flight hold too, so it never
+    /// exceeds the capacity.
     pub fn len(&self) -> usize {
-        self.len.load(Ordering::Relaxed).max(0) as usize
+        match &self.bound {
+            Some(bound) => bound.occupied(),
+            None => self.len.load(Ordering::Relaxed).max(0) as usize,
+        }
     }
 
     /// True when the table holds no key.
@@ -497,7 +700,13 @@ impl Table {
         // SAFETY: loaded under a guard the caller holds (see `Writer::index`).
         let old = unsafe { old.deref() };
         if let Some(live_bound) = old.close() {
-            let needed = live_bound.saturating_mul(2).max(MIN_CAPACITY);
+            let mut needed = live_bound.saturating_mul(2);
+            if let Some(bound) = &self.bound {
+                // At capacity the index keeps its size: it is rebuilt
+                // without the tombstones evictions left.
+                needed = needed.min(bound.max_index_slots());
+            }
+            let needed = needed.max(MIN_CAPACITY);
             let next = match prepared {
                 Some(next) if next.capacity() >= needed => next,
                 _ => Index::with_capacity(needed),
@@ -578,7 +787,12 @@ impl Table {
         // SAFETY: loaded under `guard` (see `Writer::index`).
         let current = unsafe { index.deref() };
         let max_rows = usize::try_from(MAX_ROWS).unwrap_or(usize::MAX);
-        let needed = self.len().saturating_add(additional).min(max_rows);
+        let most = self.bound.as_ref().map_or(max_rows, Bound::capacity);
+        let needed = self
+            .len()
+            .saturating_add(additional)
+            .min(max_rows)
+            .min(most);
         if needed <= current.threshold() {
             return;
         }
@@ -673,6 +887,19 @@ impl Table {
                 self.rows.read(found, dst);
                 return Ok(());
             }
+            if let Some(admitter) = &self.admitter {
+                // The pipeline looked a few keys ago: look again before
+                // counting a read of a missing key.
+                if let Some(row) = self.find(writer.index(), key, hash, writer.guard) {
+                    self.rows.read(row, dst);
+                    return Ok(());
+                }
+                if !admitter.count(key) {
+                    init(key, dst);
+                    writer.not_admitted += 1;
+                    return Ok(());
+                }
+            }
             let (row, inserted) = writer.find_or_insert(key, hash, |row| {
                 init(key, dst);
                 self.rows.write_new(row, key, dst, &[], score);
@@ -755,6 +982,12 @@ impl Table {
                         .unwrap_or(MISSING);
                 }
             } else {
+                if !writer.admits(key) {
+                    // Not admitted: its insert is skipped (present, it
+                    // would be ignored too, as no earlier occurrence of
+                    // this batch could have inserted it).
+                    return Ok(());
+                }
                 let (row, inserted) = writer.find_or_insert(key, hash, |row| {
                     self.rows.write_new(row, key, delta, &[], score);
                 })?;
@@ -864,6 +1097,10 @@ impl Table {
                         .unwrap_or(MISSING);
                 }
                 if row == MISSING {
+                    if !writer.admits(key) {
+                        // Not admitted: its update is dropped.
+                        return Ok(());
+                    }
                     // Absent: update the row it would be inserted with, and
                     // insert the result (nothing, if the update refuses).
                     let (values, slot_rows) = scratch.split_at_mut(dim);
@@ -989,10 +1226,14 @@ impl Table {
             |writer, i, key, hash, found| op(writer, i, key, hash, found),
         );
         let resized = writer.index != started_in;
+        let evicted = std::mem::take(&mut writer.evicted);
         drop(writer);
         drop(guard);
         if resized {
             self.epoch.reclaim();
+        }
+        if !evicted.is_empty() {
+            self.deliver(&evicted);
         }
         result
     }
@@ -1032,7 +1273,7 @@ impl Table {
         debug_assert!(removing.is_ok(), "removing never fails");
         remover.index().add_deleted(remover.deleted_here);
         let removed = remover.retired.len();
-        self.len.fetch_sub(removed as i64, Ordering::Relaxed);
+        self.forget(removed);
         self.rows.retire(&guard, remover.retired);
         guard.flush();
         removed
