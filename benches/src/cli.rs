@@ -351,7 +351,12 @@ impl Options {
             capacity: self.bounded_capacity.unwrap_or(default.capacity),
             batch: self.bounded_batch.unwrap_or(default.batch),
             dim: self.dims.first().copied().unwrap_or(default.dim),
-            threads: self.threads.iter().copied().max().unwrap_or(default.threads),
+            threads: self
+                .threads
+                .iter()
+                .copied()
+                .max()
+                .unwrap_or(default.threads),
             repeats: self.repeats.unwrap_or(default.repeats),
             quality_capacity: default.quality_capacity,
         })
@@ -612,6 +617,62 @@ mod tests {
             .plan_with(true);
         assert_eq!(p.redis.map(|r| r.dim), Some(16));
         assert_eq!(p.configs[0].ops, [Op::Accum]);
+    }
+
+    #[test]
+    fn bounded_group_shape() {
+        let p = run(&[]).unwrap().plan_with(false);
+        assert_eq!(p.bounded, Some(BoundedShape::default_for(false)));
+        let b = p.bounded.unwrap();
+        assert_eq!((b.ids, b.capacity, b.batch), (100_000_000, 4_000_000, 4096));
+        assert_eq!((b.dim, b.threads, b.repeats), (16, 2, 1));
+        let b = run(&["--quick"]).unwrap().plan_with(false).bounded.unwrap();
+        assert_eq!(
+            (b.ids, b.capacity, b.quality_capacity),
+            (2_000_000, 100_000, 50_000)
+        );
+        let o = run(&[
+            "--ops",
+            "bounded",
+            "--bounded-ids",
+            "1_000",
+            "--bounded-capacity",
+            "500",
+            "--bounded-batch",
+            "100",
+            "--threads",
+            "1",
+            "--dim",
+            "8",
+            "--repeats",
+            "3",
+        ])
+        .unwrap();
+        let p = o.plan_with(true);
+        assert!(
+            p.configs.is_empty() && p.redis.is_none(),
+            "only the bounded group"
+        );
+        let b = p.bounded.unwrap();
+        assert_eq!((b.ids, b.capacity, b.batch), (1000, 500, 100));
+        assert_eq!((b.dim, b.threads, b.repeats), (8, 1, 3));
+        assert_eq!(run(&["--ops", "lookup"]).unwrap().plan().bounded, None);
+        let no_dynemb = run(&["--systems", "dashmap"]).unwrap().plan();
+        assert_eq!(no_dynemb.bounded, None, "the group needs dynemb");
+        let e = parse_from([
+            "compare",
+            "--bounded-capacity",
+            "100",
+            "--bounded-batch",
+            "100",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("--bounded-capacity") && e.contains("must exceed"),
+            "{e}"
+        );
+        assert!(parse_from(["compare", "--ops", "bounded", "--quick"]).is_ok());
     }
 
     #[test]

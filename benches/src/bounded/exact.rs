@@ -83,10 +83,7 @@ impl ExactCache {
         ExactCache {
             policy,
             capacity,
-            map: hashbrown::HashMap::with_capacity_and_hasher(
-                capacity + 1,
-                crate::peers::hasher(),
-            ),
+            map: hashbrown::HashMap::with_capacity_and_hasher(capacity + 1, crate::peers::hasher()),
             queues: BTreeMap::new(),
             queued: 0,
             seq: 0,
@@ -125,7 +122,10 @@ impl ExactCache {
             self.map.insert(id, entry);
         }
         for &id in ids {
-            let e = self.map.get_mut(&id).expect("a row read in the batch stays");
+            let e = self
+                .map
+                .get_mut(&id)
+                .expect("a row read in the batch stays");
             if e.written_in == b {
                 continue;
             }

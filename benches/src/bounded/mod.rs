@@ -28,17 +28,23 @@
 //!
 //! Figures: ids per second (every id of the stream over the wall time from
 //! the first thread's start to the last one's end; the median of
-//! `repeats` runs, each on an empty table: one run by default, a run of
-//! 100M ids takes seconds to minutes), and the hit rate: the fraction of
-//! ids whose read found the key. dynemb's hit rate is exact without
-//! touching the timed loop: the table starts empty and nothing but
-//! eviction removes a row, so every insert is `size()` at the end plus
-//! `lifecycle_stats().evicted`, and hits are ids minus inserts. An insert
-//! by the optimizer's write (a key evicted between its batch's read and
-//! write) counts as a miss too, so this is, if anything, low. moka's hits
-//! are the `get`s that returned a row. The ratios: dynemb / moka ids/s,
-//! dynemb's hit rate minus moka's and minus the exact policy's of the same
-//! score (percentage points).
+//! `repeats` timed runs, each on an empty table: one run by default, a run
+//! of 100M ids takes seconds to minutes), and the hit rate: the fraction of
+//! ids whose read found the key, a key absent but repeated in its batch
+//! counting as a hit from its second occurrence on (the first inserted
+//! it). moka's hits are the `get`s that returned a row, counted in the
+//! timed runs. dynemb's are counted in one more run per policy, untimed,
+//! that reads each batch with `lookup_with_exists` just before its
+//! `lookup_or_insert` (a read changes no score, so the run evicts as the
+//! timed ones do); the same run counts inserts exactly (the table starts
+//! empty and only eviction removes rows: `size()` plus
+//! `lifecycle_stats().evicted`), and inserts beyond the read misses are
+//! writes that found their key evicted between its batch's read and write
+//! and inserted it again (reported as "writes re-inserting", a fraction of
+//! ids). The timed runs' `1 - inserts / ids` is in the JSON
+//! (`timed_hit_rates`). The ratios: dynemb / moka ids/s, dynemb's hit rate
+//! minus moka's and minus the exact policy's of the same score
+//! (percentage points).
 //!
 //! # Eviction quality
 //!
@@ -65,6 +71,7 @@ use exact::ExactPolicy;
 use quality::QualityRow;
 use serde::Serialize;
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 /// Ranks the stream's ids are drawn from.
@@ -117,14 +124,19 @@ pub struct StreamRow {
     pub system: String,
     /// Which eviction.
     pub policy: String,
-    /// Median ids/s of the runs (`None`: not timed).
+    /// Median ids/s of the timed runs (`None`: not timed).
     pub per_second: Option<f64>,
-    /// ids/s of every run.
+    /// ids/s of every timed run.
     pub samples: Vec<f64>,
-    /// Median hit rate of the runs.
+    /// Fraction of ids whose read found the key (dynemb: of the counted
+    /// run; moka: median of the timed runs).
     pub hit_rate: f64,
-    /// Hit rate of every run.
-    pub hit_rates: Vec<f64>,
+    /// Fraction of ids whose write found the key evicted since its read
+    /// and inserted it again (dynemb: of the counted run; moka, which
+    /// does not write: `None`).
+    pub write_reinserts: Option<f64>,
+    /// Per timed run: dynemb, `1 - inserts / ids`; moka, the hit rate.
+    pub timed_hit_rates: Vec<f64>,
     /// Rows evicted in the last run (moka: not counted, `None`).
     pub evicted: Option<u64>,
     /// Rows held at the end of the last run.
@@ -172,7 +184,10 @@ pub const MOKA_POLICY: &str = "TinyLFU admission + LRU";
 /// If `shape.capacity` is not larger than `shape.batch` (a batch's rows
 /// must fit), or a table breaks its bound.
 pub fn run(shape: BoundedShape, progress: &Progress) -> BoundedResults {
-    assert!(shape.capacity > shape.batch, "capacity must exceed the batch");
+    assert!(
+        shape.capacity > shape.batch,
+        "capacity must exceed the batch"
+    );
     let started = Instant::now();
     progress.note(format_args!(
         "bounded: generating {} ids, Zipf({ZIPF_S}) over {UNIVERSE} ranks",
@@ -181,18 +196,28 @@ pub fn run(shape: BoundedShape, progress: &Progress) -> BoundedResults {
     let ids = stream::zipf_ids(shape.ids, UNIVERSE, ZIPF_S, SEED);
     let mut rows = Vec::new();
     for policy in [RestrictPolicy::Timestamp, RestrictPolicy::Frequency] {
-        let row = repeat(shape, || run_dynemb(&ids, &shape, policy));
-        progress.note(format_args!(
-            "bounded: dynemb {}: {:.2} M ids/s, hit rate {:.2}%",
-            policy_name(policy),
-            row.per_second.unwrap_or(f64::NAN) / 1e6,
-            row.hit_rate * 100.0
-        ));
-        rows.push(StreamRow {
+        let timed = repeat(shape, || run_dynemb(&ids, &shape, policy, false));
+        release_free_memory();
+        let counted = run_dynemb(&ids, &shape, policy, true);
+        let n = shape.ids as f64;
+        let hits = counted.hits.expect("a counted run counts hits");
+        let inserts = counted.inserts.expect("dynemb counts inserts");
+        let read_misses = shape.ids as u64 - hits;
+        let row = StreamRow {
             system: "dynemb".into(),
             policy: policy_name(policy).into(),
-            ..row
-        });
+            hit_rate: hits as f64 / n,
+            write_reinserts: Some(inserts.saturating_sub(read_misses) as f64 / n),
+            ..timed
+        };
+        progress.note(format_args!(
+            "bounded: dynemb {}: {:.2} M ids/s, hit rate {:.2}%, writes re-inserting {:.2}%",
+            row.policy,
+            row.per_second.unwrap_or(f64::NAN) / 1e6,
+            row.hit_rate * 100.0,
+            row.write_reinserts.unwrap_or(f64::NAN) * 100.0
+        ));
+        rows.push(row);
     }
     let row = repeat(shape, || moka::run(&ids, &shape));
     progress.note(format_args!(
@@ -213,7 +238,10 @@ pub fn run(shape: BoundedShape, progress: &Progress) -> BoundedResults {
             s.spawn(move || exact::simulate(policy, ids, shape.batch, shape.capacity))
         };
         let (lru, lfu) = (sim(ExactPolicy::Lru), sim(ExactPolicy::Lfu));
-        (lru.join().expect("exact LRU"), lfu.join().expect("exact LFU"))
+        (
+            lru.join().expect("exact LRU"),
+            lfu.join().expect("exact LFU"),
+        )
     });
     for (name, cache) in [("LRU", lru), ("LFU", lfu)] {
         rows.push(StreamRow {
@@ -222,7 +250,8 @@ pub fn run(shape: BoundedShape, progress: &Progress) -> BoundedResults {
             per_second: None,
             samples: Vec::new(),
             hit_rate: cache.hit_rate(),
-            hit_rates: vec![cache.hit_rate()],
+            write_reinserts: Some(0.0),
+            timed_hit_rates: Vec::new(),
             evicted: Some(cache.evicted()),
             size: cache.len() as u64,
             other_cpus: None,
@@ -254,13 +283,15 @@ pub fn run(shape: BoundedShape, progress: &Progress) -> BoundedResults {
     }
 }
 
-/// One timed run of the stream on one system.
+/// One run of the stream on one system.
 #[derive(Debug, Clone, Copy)]
 pub struct StreamRun {
     /// Wall time, s.
     pub seconds: f64,
-    /// Ids whose read found the key.
-    pub hits: u64,
+    /// Ids whose read found the key, if the run counted them.
+    pub hits: Option<u64>,
+    /// Rows inserted, if the system tells.
+    pub inserts: Option<u64>,
     /// Rows evicted, if the system counts them.
     pub evicted: Option<u64>,
     /// Rows held at the end.
@@ -269,8 +300,9 @@ pub struct StreamRun {
     pub others_cpu_seconds: Option<f64>,
 }
 
-/// `shape.repeats` runs of `run` summarized (system and policy left
-/// empty).
+/// `shape.repeats` timed runs of `run` summarized (system and policy left
+/// empty; the hit rate is the median of the runs' hit rates, or of `1 -
+/// inserts / ids` where a run does not count hits).
 fn repeat(shape: BoundedShape, mut run: impl FnMut() -> StreamRun) -> StreamRow {
     let runs: Vec<StreamRun> = (0..shape.repeats.max(1))
         .map(|_| {
@@ -280,7 +312,14 @@ fn repeat(shape: BoundedShape, mut run: impl FnMut() -> StreamRun) -> StreamRow 
         .collect();
     let ids = shape.ids as f64;
     let samples: Vec<f64> = runs.iter().map(|r| ids / r.seconds.max(1e-9)).collect();
-    let hit_rates: Vec<f64> = runs.iter().map(|r| r.hits as f64 / ids).collect();
+    let hit_rates: Vec<f64> = runs
+        .iter()
+        .map(|r| match (r.hits, r.inserts) {
+            (Some(hits), _) => hits as f64 / ids,
+            (None, Some(inserts)) => 1.0 - inserts as f64 / ids,
+            (None, None) => f64::NAN,
+        })
+        .collect();
     let last = runs.last().expect("at least one run");
     let wall: f64 = runs.iter().map(|r| r.seconds).sum();
     let others: Option<f64> = runs.iter().map(|r| r.others_cpu_seconds).sum();
@@ -290,7 +329,8 @@ fn repeat(shape: BoundedShape, mut run: impl FnMut() -> StreamRun) -> StreamRow 
         per_second: Some(median(&samples)),
         samples,
         hit_rate: median(&hit_rates),
-        hit_rates,
+        write_reinserts: None,
+        timed_hit_rates: hit_rates,
         evicted: last.evicted,
         size: last.size,
         other_cpus: others.map(|o| o / wall.max(1e-9)),
@@ -316,8 +356,12 @@ pub(crate) fn batches_of(
     ids.chunks(batch).skip(t).step_by(threads.max(1))
 }
 
-/// One run of the stream on a fresh dynemb variable with `policy`.
-fn run_dynemb(ids: &[u64], s: &BoundedShape, policy: RestrictPolicy) -> StreamRun {
+/// One run of the stream on a fresh dynemb variable with `policy`. With
+/// `count`, each batch is first read with `lookup_with_exists` to count
+/// its hits (a key absent from the table but repeated in the batch is a
+/// hit from its second occurrence on: the first inserts it); the timed
+/// runs do not.
+fn run_dynemb(ids: &[u64], s: &BoundedShape, policy: RestrictPolicy, count: bool) -> StreamRun {
     let var = Variable::<u64>::builder("bounded")
         .dim(s.dim)
         .capacity(s.capacity)
@@ -328,31 +372,49 @@ fn run_dynemb(ids: &[u64], s: &BoundedShape, policy: RestrictPolicy) -> StreamRu
     let opt = SparseSgd::new(sgd()).expect("valid hyperparameters");
     let grads = grads(s.batch, s.dim);
     let threads = s.threads.max(1);
+    let hits = AtomicU64::new(0);
     let mut outs: Vec<Vec<f32>> = (0..threads).map(|_| vec![1.0; s.batch * s.dim]).collect();
     let (clock, start) = (CpuClock::now(), Instant::now());
     std::thread::scope(|scope| {
         for (t, out) in outs.iter_mut().enumerate() {
-            let (var, opt, grads) = (&var, &opt, &grads);
+            let (var, opt, grads, hits) = (&var, &opt, &grads, &hits);
             scope.spawn(move || {
+                let mut exists = vec![false; if count { s.batch } else { 0 }];
+                let mut absent = hashbrown::HashSet::with_hasher(crate::peers::hasher());
+                let mut mine = 0u64;
                 for keys in batches_of(ids, s.batch, t, threads) {
                     let n = keys.len() * s.dim;
+                    if count {
+                        let exists = &mut exists[..keys.len()];
+                        var.lookup_with_exists(keys, &mut out[..n], exists)
+                            .expect("lookup_with_exists");
+                        absent.clear();
+                        for (&key, &present) in keys.iter().zip(exists.iter()) {
+                            mine += u64::from(present || !absent.insert(key));
+                        }
+                    }
                     var.lookup_or_insert(keys, &mut out[..n])
                         .expect("lookup_or_insert");
                     opt.apply(var, keys, &grads[..n]).expect("apply");
                 }
                 std::hint::black_box(&out);
+                hits.fetch_add(mine, Ordering::Relaxed);
             });
         }
     });
     let seconds = start.elapsed().as_secs_f64();
     let others = clock.zip(CpuClock::now()).map(|(a, b)| b.others_since(&a));
     let size = var.size();
-    assert!(size <= s.capacity, "size {size} over capacity {}", s.capacity);
+    assert!(
+        size <= s.capacity,
+        "size {size} over capacity {}",
+        s.capacity
+    );
     let evicted = var.lifecycle_stats().evicted;
-    let inserts = size as u64 + evicted;
     StreamRun {
         seconds,
-        hits: (ids.len() as u64).saturating_sub(inserts),
+        hits: count.then(|| hits.into_inner()),
+        inserts: Some(size as u64 + evicted),
         evicted: Some(evicted),
         size: size as u64,
         others_cpu_seconds: others,
@@ -384,6 +446,7 @@ pub fn render(r: &BoundedResults) -> String {
         "ids/s / moka",
         "hit rate - exact",
         "hit rate - moka",
+        "writes re-inserting",
         "evicted",
         "other CPUs",
     ]
@@ -405,6 +468,8 @@ pub fn render(r: &BoundedResults) -> String {
                 .map_or("-".into(), |(a, b)| format!("{:.2}x", a / b)),
             exact.map_or("-".into(), |e| points(row.hit_rate - e.hit_rate)),
             vs_moka.map_or("-".into(), |m| points(row.hit_rate - m.hit_rate)),
+            row.write_reinserts
+                .map_or("-".into(), |r| format!("{:.2}%", r * 100.0)),
             row.evicted.map_or("-".into(), |e| e.to_string()),
             row.other_cpus.map_or("-".into(), |c| format!("{c:.2}")),
         ]);

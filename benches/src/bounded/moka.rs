@@ -56,7 +56,8 @@ pub fn run(ids: &[u64], s: &BoundedShape) -> StreamRun {
     cache.run_pending_tasks();
     StreamRun {
         seconds,
-        hits: hits.into_inner(),
+        hits: Some(hits.into_inner()),
+        inserts: None,
         evicted: None,
         size: cache.entry_count(),
         others_cpu_seconds: others,

@@ -77,7 +77,10 @@ mod tests {
         // Zipf(1.1): rank 1 takes 1 / zeta(1.1), about 9.5%, of the draws.
         let top = counts.values().copied().max().unwrap() as f64 / a.len() as f64;
         assert!((0.08..0.11).contains(&top), "top share {top}");
-        assert_eq!(counts.get(&scramble(1)).copied().unwrap() as f64 / a.len() as f64, top);
+        assert_eq!(
+            counts.get(&scramble(1)).copied().unwrap() as f64 / a.len() as f64,
+            top
+        );
         assert!(a.iter().all(|&id| id > 1 << 32), "hot ids are not small");
     }
 }
