@@ -150,6 +150,9 @@ pub struct StreamRow {
 pub struct BoundedResults {
     /// The workload.
     pub shape: BoundedShape,
+    /// Distinct ids in the stream: without eviction every id but the first
+    /// of each would hit.
+    pub distinct: u64,
     /// dynemb LRU, dynemb LFU, moka, exact LRU, exact LFU.
     pub stream: Vec<StreamRow>,
     /// The eviction quality test, LFU then LRU.
@@ -257,6 +260,7 @@ pub fn run(shape: BoundedShape, progress: &Progress) -> BoundedResults {
             other_cpus: None,
         });
     }
+    let distinct = distinct(&ids);
     drop(ids);
     release_free_memory();
     let mut quality = Vec::new();
@@ -277,10 +281,20 @@ pub fn run(shape: BoundedShape, progress: &Progress) -> BoundedResults {
     }
     BoundedResults {
         shape,
+        distinct,
         stream: rows,
         quality,
         seconds: started.elapsed().as_secs_f64(),
     }
+}
+
+/// Distinct ids of `ids`.
+fn distinct(ids: &[u64]) -> u64 {
+    let mut seen = hashbrown::HashSet::with_hasher(crate::peers::hasher());
+    for &id in ids {
+        seen.insert(id);
+    }
+    seen.len() as u64
 }
 
 /// One run of the stream on one system.
@@ -434,8 +448,15 @@ pub fn render(r: &BoundedResults) -> String {
         out,
         "\n### bounded variable: training stream (dim {}, capacity {}, {} ids Zipf({ZIPF_S}) over \
          {UNIVERSE} ranks, batches of {}, {} threads; M ids/s, median of {} run(s); hit rate: \
-         ids whose read found the key)\n",
-        s.dim, s.capacity, s.ids, s.batch, s.threads, s.repeats
+         ids whose read found the key; {} distinct ids, so without eviction {:.2}%)\n",
+        s.dim,
+        s.capacity,
+        s.ids,
+        s.batch,
+        s.threads,
+        s.repeats,
+        r.distinct,
+        (1.0 - r.distinct as f64 / s.ids.max(1) as f64) * 100.0
     );
     let moka = r.row("moka", MOKA_POLICY);
     let header = [
@@ -524,6 +545,8 @@ mod tests {
         }
         let exact = r.row("exact", "LRU").unwrap();
         assert_eq!(exact.size, 5_000);
+        let no_eviction = 1.0 - r.distinct as f64 / 200_000.0;
+        assert!(r.stream.iter().all(|row| row.hit_rate <= no_eviction));
         assert_eq!(r.quality.len(), 2);
         let text = render(&r);
         assert!(text.contains("| dynemb | LRU "), "{text}");
