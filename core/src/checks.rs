@@ -166,6 +166,26 @@ pub fn check_restrict_policy(
     })
 }
 
+/// The score below which `expire(older_than)` removes a row of the table
+/// `table`: `now - older_than` on [`next_timestamp`](crate::restrict::next_timestamp)'s
+/// clock (0, so nothing, for an age past the epoch), or
+/// [`Error::InvalidArgument`] unless `policy` is
+/// [`RestrictPolicy::Timestamp`].
+pub fn expiry_cutoff(
+    table: &str,
+    policy: Option<RestrictPolicy>,
+    older_than: std::time::Duration,
+) -> Result<u64> {
+    if policy != Some(RestrictPolicy::Timestamp) {
+        return Err(Error::InvalidArgument(format!(
+            "variable {table:?}: expire needs the Timestamp restrict policy, the variable has {}",
+            policy.map_or("none", RestrictPolicy::name)
+        )));
+    }
+    let age = u64::try_from(older_than.as_nanos()).unwrap_or(u64::MAX);
+    Ok(crate::restrict::next_timestamp().saturating_sub(age))
+}
+
 /// `Ok` if an export's chunks may hold `rows_per_chunk` rows (at least 1),
 /// else [`Error::InvalidArgument`].
 pub fn check_rows_per_chunk(rows_per_chunk: usize) -> Result<()> {

@@ -246,9 +246,11 @@ impl<K: Key> VariableBuilder<K> {
     /// Timestamp is least recently written first, Frequency least often;
     /// with no policy given the variable uses
     /// [`RestrictPolicy::Timestamp`]), and hands it to the
-    /// [`on_evict`](Self::on_evict) listener. No insert is refused. The
-    /// choice is approximate: the lowest score of a window of rows that a
-    /// sweep moves through the table (see the crate docs' "Row lifecycle").
+    /// [`on_evict`](Self::on_evict) listener. No insert is refused:
+    /// `upsert`, `restore` and `load` evict as training inserts do (a
+    /// restore past the capacity keeps about the highest-scored rows). The
+    /// choice is approximate: the lowest-ranked of the rows a sweep has
+    /// seen recently (see the crate docs' "Row lifecycle").
     /// Each shard holds at most its share (`rows / shards`, the first
     /// shards one more); fewer rows than shards is an error at build. At
     /// capacity the index no longer grows: it keeps its size and is
@@ -271,8 +273,9 @@ impl<K: Key> VariableBuilder<K> {
     /// that call, after the call's rows are written; it may read and write
     /// other tables (a slower tier) and this one, but a write that evicts
     /// from within it calls it again. Rows removed otherwise (`remove`,
-    /// `restrict`, `expire`, `clear`, `restore`) do not come here. Needs a
-    /// [`capacity`](Self::capacity).
+    /// `restrict`, `expire`, `clear`, and the clearing a `restore` starts
+    /// with) do not come here. A panic in it propagates to the call that
+    /// evicted (its rows stay evicted). Needs a [`capacity`](Self::capacity).
     pub fn on_evict(mut self, f: impl Fn(Evicted<'_, K>) + Send + Sync + 'static) -> Self {
         self.options.on_evict = Some(EvictListener::new(f));
         self

@@ -897,16 +897,7 @@ impl<K: Key> Variable<K> {
     /// [`Error::InvalidArgument`]. Expired rows do not go to the eviction
     /// listener. It scans every shard once, a chunk at a time.
     pub fn expire(&self, older_than: Duration) -> Result<usize> {
-        if self.restrict_policy() != Some(RestrictPolicy::Timestamp) {
-            return Err(Error::InvalidArgument(format!(
-                "variable {:?}: expire needs the Timestamp restrict policy, the variable has {}",
-                self.name(),
-                self.restrict_policy().map_or("none", RestrictPolicy::name)
-            )));
-        }
-        let now = crate::restrict::next_timestamp();
-        let age = u64::try_from(older_than.as_nanos()).unwrap_or(u64::MAX);
-        let cutoff = now.saturating_sub(age);
+        let cutoff = crate::checks::expiry_cutoff(self.name(), self.restrict_policy(), older_than)?;
         let removed: usize = self.inner.shards.iter().map(|t| t.expire(cutoff)).sum();
         self.inner
             .expired

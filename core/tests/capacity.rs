@@ -268,7 +268,7 @@ fn capacity_holds_while_four_threads_stream_new_keys() {
     // Keys of even chunks were upserted with their row, of odd chunks
     // inserted by a training read with the initializer's (zeros).
     let expected = |key: u64| {
-        if (key % per_thread / 64) % 2 == 0 {
+        if (key % per_thread / 64).is_multiple_of(2) {
             row_of(key, 2)
         } else {
             vec![0.0; 2]
@@ -358,7 +358,7 @@ fn removals_free_room_and_restore_past_capacity_keeps_capacity() {
         .unwrap();
     let keys: Vec<u64> = (0..1000).collect();
     for chunk in keys.chunks(10) {
-        big.upsert(chunk, &vec![1.0; 10]).unwrap();
+        big.upsert(chunk, &[1.0; 10]).unwrap();
     }
     big.save(dir.path()).unwrap();
     var.restore(dir.path()).unwrap();

@@ -1230,7 +1230,7 @@ fn read_checkpoint(files: &Files, key_type: &str, dim: usize) -> Result<Reading,
     };
     let index: Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
     let index = index.as_object().ok_or("index.json is not an object")?;
-    const FIELDS: [&str; 11] = [
+    const FIELDS: [&str; 12] = [
         "format",
         "version",
         "name",
@@ -1242,9 +1242,16 @@ fn read_checkpoint(files: &Files, key_type: &str, dim: usize) -> Result<Reading,
         "rows_per_file",
         "rows",
         "files",
+        "admission",
     ];
     if let Some(k) = index.keys().find(|k| !FIELDS.contains(&k.as_str())) {
         return Err(format!("unknown field {k}"));
+    }
+    // The base checkpoints come from variables without admission: their
+    // `admission` entry is absent, or null (the same). This reader accepts
+    // no other (a well-formed entry is not something mutations make).
+    if index.get("admission").is_some_and(|a| !a.is_null()) {
+        return Err("admission state".into());
     }
     if field(index, "format")? != "dynemb-checkpoint" {
         return Err("format".into());

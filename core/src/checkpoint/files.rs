@@ -22,7 +22,7 @@ use std::path::Path;
 
 /// Bytes a data file aims for: files stay small so saving and loading hold
 /// one file's rows at a time.
-const TARGET_FILE_BYTES: usize = 16 << 20;
+pub(crate) const TARGET_FILE_BYTES: usize = 16 << 20;
 
 /// How keys of a given type are written.
 #[derive(Clone, Copy, Debug)]
@@ -48,9 +48,19 @@ impl KeyCodec {
         }
     }
 
+    /// The safetensors dtype keys are written as.
+    pub(crate) fn dtype(self) -> Dtype {
+        self.dtype
+    }
+
+    /// Bytes per key.
+    pub(crate) fn width(self) -> usize {
+        self.width
+    }
+
     /// Little-endian bytes of keys given as their 64-bit patterns (a view
     /// of `bits` itself for 64-bit keys on little-endian machines).
-    fn encode(self, bits: &[u64]) -> Cow<'_, [u8]> {
+    pub(crate) fn encode(self, bits: &[u64]) -> Cow<'_, [u8]> {
         if self.width == 8 && cfg!(target_endian = "little") {
             return Cow::Borrowed(bytemuck::cast_slice(bits));
         }
@@ -63,7 +73,7 @@ impl KeyCodec {
 
     /// 64-bit patterns of little-endian keys (sign-extending signed 32-bit
     /// keys, as `Key::to_bits` does).
-    fn decode(self, bytes: &[u8]) -> Vec<u64> {
+    pub(crate) fn decode(self, bytes: &[u8]) -> Vec<u64> {
         bytes
             .chunks_exact(self.width)
             .map(|c| match (self.width, self.signed) {
@@ -87,7 +97,7 @@ fn le_bytes(values: &[f32]) -> Cow<'_, [u8]> {
 
 /// Little-endian bytes of `scores` (a view of them on little-endian
 /// machines).
-fn le_bytes_u64(scores: &[u64]) -> Cow<'_, [u8]> {
+pub(crate) fn le_bytes_u64(scores: &[u64]) -> Cow<'_, [u8]> {
     if cfg!(target_endian = "little") {
         Cow::Borrowed(bytemuck::cast_slice(scores))
     } else {
@@ -104,7 +114,7 @@ pub(crate) fn rows_per_file(dim: usize, codec: KeyCodec, slots: usize, scored: b
 
 /// Room for a data file's safetensors header (tensor names, dtypes, shapes
 /// and offsets as JSON, padded) beyond its rows' bytes.
-const MAX_HEADER_BYTES: usize = 64 << 10;
+pub(crate) const MAX_HEADER_BYTES: usize = 64 << 10;
 
 /// The largest data file a save writes for rows like these: the target size
 /// or one row, whichever is larger, plus its header. Reading refuses larger
@@ -214,56 +224,12 @@ pub(crate) fn read_verified(
     max_bytes: u64,
 ) -> Result<FileRows> {
     let path = dir.join(&entry.file);
-    if entry.bytes > max_bytes {
-        return Err(corrupt(
-            &path,
-            format!(
-                "index.json says {} bytes, more than the {max_bytes} a checkpoint file of this variable can have",
-                entry.bytes
-            ),
-        ));
-    }
-    let bytes = read_bounded(&path, entry.bytes)?;
-    if bytes.len() as u64 != entry.bytes {
-        return Err(corrupt(
-            &path,
-            format!(
-                "{} bytes, index.json says {} (truncated?)",
-                bytes.len(),
-                entry.bytes
-            ),
-        ));
-    }
-    let crc = crc32fast::hash(&bytes);
-    if crc != entry.crc32 {
-        return Err(corrupt(
-            &path,
-            format!(
-                "checksum {crc:#010x}, index.json says {:#010x}",
-                entry.crc32
-            ),
-        ));
-    }
-    let file = SafeTensors::deserialize(&bytes)
-        .map_err(|e| corrupt(&path, format!("not a safetensors file: {e}")))?;
-    let tensor = |name: &str, dtype: Dtype, shape: &[usize]| {
-        let view = file
-            .tensor(name)
-            .map_err(|_| corrupt(&path, format!("no {name:?} tensor")))?;
-        if view.dtype() != dtype || view.shape() != shape {
-            return Err(corrupt(
-                &path,
-                format!(
-                    "tensor {name:?} is {:?} {:?}, expected {dtype:?} {shape:?}",
-                    view.dtype(),
-                    view.shape()
-                ),
-            ));
-        }
-        Ok(view.data())
-    };
+    let bytes = read_checked(&path, entry.bytes, entry.crc32, max_bytes)?;
+    let file = parse(&path, &bytes)?;
+    let checked =
+        |name: &str, dtype: Dtype, shape: &[usize]| tensor(&file, &path, name, dtype, shape);
     let floats = |name: &str| -> Result<Vec<f32>> {
-        let values: Vec<f32> = tensor(name, Dtype::F32, &[entry.rows, dim])?
+        let values: Vec<f32> = checked(name, Dtype::F32, &[entry.rows, dim])?
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
             .collect();
@@ -276,14 +242,14 @@ pub(crate) fn read_verified(
         }
     };
     let rows = FileRows {
-        keys: codec.decode(tensor("keys", codec.dtype, &[entry.rows])?),
+        keys: codec.decode(checked("keys", codec.dtype, &[entry.rows])?),
         values: floats("values")?,
         slots: slot_names
             .iter()
             .map(|name| floats(&slot_tensor(name)))
             .collect::<Result<_>>()?,
         scores: if scored {
-            let bytes = tensor("scores", Dtype::U64, &[entry.rows])?;
+            let bytes = checked("scores", Dtype::U64, &[entry.rows])?;
             Some(
                 bytes
                     .chunks_exact(8)
@@ -294,14 +260,84 @@ pub(crate) fn read_verified(
             None
         },
     };
-    let expected = 2 + slot_names.len() + usize::from(scored);
+    check_tensor_count(&file, &path, 2 + slot_names.len() + usize::from(scored))?;
+    Ok(rows)
+}
+
+/// Reads the checkpoint file at `path` and checks it against what
+/// `index.json` says of it (`bytes` long, CRC-32 `crc32`): read only if it
+/// is a regular file of at most `bytes`, and `bytes` is at most
+/// `max_bytes`, the most a save of this table writes.
+pub(crate) fn read_checked(path: &Path, bytes: u64, crc32: u32, max_bytes: u64) -> Result<Vec<u8>> {
+    if bytes > max_bytes {
+        return Err(corrupt(
+            path,
+            format!(
+                "index.json says {bytes} bytes, more than the {max_bytes} a checkpoint file of this variable can have"
+            ),
+        ));
+    }
+    let read = read_bounded(path, bytes)?;
+    if read.len() as u64 != bytes {
+        return Err(corrupt(
+            path,
+            format!("{} bytes, index.json says {bytes} (truncated?)", read.len()),
+        ));
+    }
+    let crc = crc32fast::hash(&read);
+    if crc != crc32 {
+        return Err(corrupt(
+            path,
+            format!("checksum {crc:#010x}, index.json says {crc32:#010x}"),
+        ));
+    }
+    Ok(read)
+}
+
+/// The safetensors file in `bytes` (read from `path`).
+pub(crate) fn parse<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>> {
+    SafeTensors::deserialize(bytes)
+        .map_err(|e| corrupt(path, format!("not a safetensors file: {e}")))
+}
+
+/// The bytes of tensor `name` of `file` (read from `path`), which must be
+/// of `dtype` and `shape`.
+pub(crate) fn tensor<'a>(
+    file: &SafeTensors<'a>,
+    path: &Path,
+    name: &str,
+    dtype: Dtype,
+    shape: &[usize],
+) -> Result<&'a [u8]> {
+    let view = file
+        .tensor(name)
+        .map_err(|_| corrupt(path, format!("no {name:?} tensor")))?;
+    if view.dtype() != dtype || view.shape() != shape {
+        return Err(corrupt(
+            path,
+            format!(
+                "tensor {name:?} is {:?} {:?}, expected {dtype:?} {shape:?}",
+                view.dtype(),
+                view.shape()
+            ),
+        ));
+    }
+    Ok(view.data())
+}
+
+/// Checks that `file` (read from `path`) holds `expected` tensors.
+pub(crate) fn check_tensor_count(
+    file: &SafeTensors<'_>,
+    path: &Path,
+    expected: usize,
+) -> Result<()> {
     if file.len() != expected {
         return Err(corrupt(
-            &path,
+            path,
             format!("{} tensors, expected {expected}", file.len()),
         ));
     }
-    Ok(rows)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! `index.json`: what a checkpoint holds and how to check it.
 
-use crate::{Error, RestrictPolicy, Result};
+use crate::lifecycle::admission::Admitter;
+use crate::{Admission, Error, RestrictPolicy, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -42,6 +43,119 @@ pub(crate) struct Manifest {
     pub rows: u64,
     /// The data files, in the order they were written.
     pub files: Vec<FileEntry>,
+    /// The admission state of a variable with admission, if it has it
+    /// (absent from the checkpoints of other variables and of older
+    /// builds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission: Option<AdmissionEntry>,
+}
+
+/// The admission rule and state files of a checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AdmissionEntry {
+    /// `"exact"` or `"sketch"`.
+    pub kind: String,
+    /// Training reads that admit a key.
+    pub min_count: u32,
+    /// A sketch's counters per row (sketch only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub width: Option<usize>,
+    /// A sketch's rows (sketch only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub depth: Option<usize>,
+    /// The state files: pending keys in chunks (exact; none when no key is
+    /// pending), or the one file of the sketch.
+    pub files: Vec<AdmissionFile>,
+}
+
+/// One admission state file of a checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AdmissionFile {
+    /// File name inside the checkpoint directory.
+    pub file: String,
+    /// Pending keys it holds (exact), or counters (sketch).
+    pub entries: u64,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// CRC-32 (IEEE) of its bytes.
+    pub crc32: u32,
+}
+
+/// The `kind` of exact admission counts.
+pub(crate) const EXACT: &str = "exact";
+/// The `kind` of an admission sketch.
+pub(crate) const SKETCH: &str = "sketch";
+/// Pending keys one exact admission file holds at most (an 8-byte key and
+/// a 4-byte count each: about 16 MiB).
+pub(crate) const PENDING_PER_FILE: usize = super::files::TARGET_FILE_BYTES / 12;
+
+impl AdmissionEntry {
+    /// The admission rule (checked by [`Manifest::parse`]).
+    pub(crate) fn rule(&self) -> Option<Admission> {
+        match (self.kind.as_str(), self.width, self.depth) {
+            (EXACT, None, None) => Some(Admission::Exact {
+                min_count: self.min_count,
+            }),
+            (SKETCH, Some(width), Some(depth)) => Some(Admission::Sketch {
+                min_count: self.min_count,
+                width,
+                depth,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Checks the entry is a rule a variable can have, with files that fit
+    /// it (`data_files` are the checkpoint's other files).
+    fn check(&self, path: &Path, data_files: &[FileEntry]) -> Result<()> {
+        let bad = |reason: String| Err(corrupt(path, format!("admission: {reason}")));
+        let Some(rule) = self.rule() else {
+            return bad(format!(
+                "kind {:?} with width {:?} and depth {:?} (exact has neither, sketch both)",
+                self.kind, self.width, self.depth
+            ));
+        };
+        match Admitter::check_rule(rule) {
+            Err(Error::InvalidArgument(reason)) => return bad(reason),
+            Err(e) => return bad(e.to_string()),
+            Ok(()) => {}
+        }
+        if let Admission::Sketch { width, depth, .. } = rule {
+            let counters = (width * depth) as u64;
+            if self.files.len() != 1 || self.files[0].entries != counters {
+                return bad(format!(
+                    "a sketch of {width} x {depth} counters is one file of {counters} entries"
+                ));
+            }
+        }
+        for (i, entry) in self.files.iter().enumerate() {
+            let named = entry.file.starts_with("admission-")
+                && entry.file.ends_with(".safetensors")
+                && Path::new(&entry.file)
+                    .file_name()
+                    .is_some_and(|name| name == entry.file.as_str());
+            if !named {
+                return bad(format!(
+                    "file name {:?} is not admission-*.safetensors",
+                    entry.file
+                ));
+            }
+            let repeated = self.files[..i].iter().any(|e| e.file == entry.file)
+                || data_files.iter().any(|e| e.file == entry.file);
+            if repeated {
+                return bad(format!("file {:?} is listed twice", entry.file));
+            }
+            if matches!(rule, Admission::Exact { .. }) && entry.entries > PENDING_PER_FILE as u64 {
+                return bad(format!(
+                    "{} holds {} pending keys, more than {PENDING_PER_FILE}",
+                    entry.file, entry.entries
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The `scores` field: a policy name, `null`, or the `false` of
@@ -184,6 +298,9 @@ impl Manifest {
                     ),
                 ));
             }
+        }
+        if let Some(admission) = &manifest.admission {
+            admission.check(path, &manifest.files)?;
         }
         Ok(manifest)
     }

@@ -18,6 +18,24 @@
 //! time, never for the whole table. Python reads it with `safetensors` and
 //! numpy (see the README).
 //!
+//! A variable with [`Admission`](crate::Admission) also saves its pending
+//! counts, listed in `index.json` under `admission` (its `kind`, `exact` or
+//! `sketch`, its `min_count`, a sketch's `width` and `depth`, and each
+//! file's entries, size and CRC-32), in files named
+//! `admission-PPPPP.safetensors`: exact counts as a `keys` tensor (the key
+//! type's dtype, `[n]`) and a `counts` tensor (`U32`, `[n]`, each in
+//! `1..min_count`), at most about 16 MiB of keys per file (none when no
+//! key is pending); a sketch as one file with a `counters` tensor (`U16`,
+//! `[depth, width]`) and a `reads` tensor (`U64`, `[1]`: reads counted
+//! since the last ageing). Row `i`'s counter of a key is column
+//! `fmix64(fmix64(k ^ PHI) + (i + 1) * PHI) * width >> 64` of that row,
+//! `k` the key's 64-bit pattern (a 32-bit key sign-extended), `fmix64`
+//! MurmurHash3's 64-bit finalizer, `PHI` = `0x9e3779b97f4a7c15`, all
+//! wrapping `u64` arithmetic. A checkpoint without `admission` (one of a
+//! variable without admission, or of a build older than admission) is
+//! the same format version and reads as before; a build older than
+//! admission refuses a checkpoint that has it.
+//!
 //! # Crash safety and concurrent saves
 //!
 //! `save(dir)` writes everything into a staging directory of its own beside
@@ -55,7 +73,9 @@
 //! whole save is written exactly once. Keys inserted or removed during the
 //! save may or may not be in it, and a key removed and re-inserted during the
 //! save may be written twice (loading keeps the later file's row): it is not a
-//! point-in-time snapshot of the whole table.
+//! point-in-time snapshot of the whole table. Admission counts are taken
+//! after the rows, each stripe of exact counts (or the sketch) as it is
+//! then.
 //!
 //! # Restore and load
 //!
@@ -77,8 +97,10 @@
 //!
 //! Checkpoint bytes are untrusted: `index.json` is read only up to 64 MiB,
 //! a data file only if it is a regular file no larger than a save of these
-//! rows could write, and every count is checked arithmetic, so memory stays
-//! bounded and nothing panics whatever a checkpoint claims.
+//! rows could write (an admission file: one chunk of pending keys, or a
+//! sketch the size of the variable's own), and every count is checked
+//! arithmetic, so memory stays bounded and nothing panics whatever a
+//! checkpoint claims.
 //!
 //! Slot columns of the checkpoint that the variable lacks are created (with
 //! the saved initial value; an existing slot of that name with another
@@ -91,14 +113,31 @@
 //! [`Error::Mismatch`]); into a variable without a policy they are ignored,
 //! and a checkpoint without scores scores its rows as any write does.
 //!
+//! Admission state is checked with the rest and applied after the rows
+//! (which bypass admission). It fits a variable whose admission is of the
+//! same kind (and, for a sketch, the same width and depth); another kind
+//! or shape is an [`Error::Mismatch`] before anything changes. `min_count`
+//! may differ: a saved exact count at or past the variable's `min_count`
+//! admits its key at the next read. `restore` replaces the variable's
+//! counts with the saved ones (a checkpoint without admission state
+//! clears them); `load` merges them, each pending key keeping the larger
+//! of its two counts and each sketch counter the larger of its two values
+//! (a maximum, not a sum: loading the same checkpoint twice changes
+//! nothing, and no key is admitted sooner than either side would admit
+//! it), and a checkpoint without state leaves them. Exact counts past the
+//! variable's pending bound drop the lowest. A variable without admission
+//! ignores saved admission state (its files are not read).
+//!
 //! # Other stores
 //!
 //! [`save_rows`] and [`Reader`] write and read the same format from and
 //! as plain rows ([`Rows`], described by a [`TableInfo`]), with the same
 //! crash safety, locks and checks: how a store that is not a [`Variable`]
 //! (the Redis backend) saves and restores, so a model moves between local
-//! and remote tables through a checkpoint.
+//! and remote tables through a checkpoint. They write no admission state
+//! and ignore it when reading.
 
+mod admission;
 mod files;
 mod lock;
 mod manifest;
@@ -219,19 +258,28 @@ impl<'a> FilesWriter<'a> {
         let file = format!("shard-{shard:05}-{:05}.safetensors", self.entries.len());
         let path = self.staging.join(&file);
         let bytes = files::encode(&path, self.codec, rows, &self.slot_names, self.dim)?;
-        self.written.push_back((write_file(&path, &bytes)?, path));
-        if self.written.len() > UNSYNCED_FILES {
-            let (file, path) = self.written.pop_front().expect("more than zero");
-            sync_file(&path, &file)?;
-        }
+        let (size, crc32) = self.write_named(&file, &bytes)?;
         self.entries.push(FileEntry {
             file,
             shard,
             rows: rows.keys.len(),
-            bytes: bytes.len() as u64,
-            crc32: crc32fast::hash(&bytes),
+            bytes: size,
+            crc32,
         });
         Ok(())
+    }
+
+    /// Writes `bytes` as the file `name` of the checkpoint (flushed to disk
+    /// by [`finish`](Self::finish) at the latest); returns its size and
+    /// CRC-32.
+    fn write_named(&mut self, name: &str, bytes: &[u8]) -> Result<(u64, u32)> {
+        let path = self.staging.join(name);
+        self.written.push_back((write_file(&path, bytes)?, path));
+        if self.written.len() > UNSYNCED_FILES {
+            let (file, path) = self.written.pop_front().expect("more than zero");
+            sync_file(&path, &file)?;
+        }
+        Ok((bytes.len() as u64, crc32fast::hash(bytes)))
     }
 
     /// Writes the manifest (the files' list and `header`) and flushes
@@ -296,6 +344,10 @@ fn write_checkpoint<K: Key>(variable: &Variable<K>, staging: &Path) -> Result<()
             writer.write(shard, &rows)?;
         }
     }
+    let admission = match variable.admitter() {
+        Some(admitter) => Some(admission::write(&mut writer, admitter, codec)?),
+        None => None,
+    };
     writer.finish(Manifest {
         format: FORMAT.to_string(),
         version: VERSION,
@@ -308,6 +360,7 @@ fn write_checkpoint<K: Key>(variable: &Variable<K>, staging: &Path) -> Result<()
         rows_per_file,
         rows: 0,
         files: Vec::new(),
+        admission,
     })
 }
 
@@ -490,7 +543,10 @@ pub(crate) fn verify<K: Key>(variable: &Variable<K>, dir: &Path) -> Result<Verif
         dir,
         variable.name(),
         variable.dim(),
-        |dir, manifest| check_columns_fit(variable, dir, manifest),
+        |dir, manifest| {
+            check_columns_fit(variable, dir, manifest)?;
+            admission::check_fits(variable.name(), variable.admitter(), dir, manifest)
+        },
         |rows| {
             let shards = variable.num_shards();
             for &bits in &rows.keys {
@@ -501,6 +557,15 @@ pub(crate) fn verify<K: Key>(variable: &Variable<K>, dir: &Path) -> Result<Verif
             Ok(())
         },
     )
+    .and_then(|verified| {
+        admission::verify(
+            &verified.dir,
+            &verified.manifest,
+            variable.admitter(),
+            KeyCodec::for_type(K::TYPE_NAME),
+        )?;
+        Ok(verified)
+    })
 }
 
 /// Locks the checkpoint at `dir` against saves and reads and checks all of
@@ -598,7 +663,14 @@ pub(crate) fn apply<K: Key>(
             observe_timestamp(scores.iter().copied().max().unwrap_or(0));
         }
         variable.upsert_rows(&keys, &rows.values, &slots, scores)
-    })
+    })?;
+    admission::apply(
+        dir,
+        manifest,
+        variable.admitter(),
+        KeyCodec::for_type(K::TYPE_NAME),
+        replace,
+    )
 }
 
 /// `restore` (`replace`) or `load` of the checkpoint at `dir`: verified

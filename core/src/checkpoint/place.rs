@@ -19,9 +19,9 @@
 //! missing one gets its parent created and resolved. A save never replaces
 //! something that is not a checkpoint: a regular file, a dangling symlink,
 //! the current working directory, or a directory holding anything but
-//! `index.json` and `shard-*.safetensors` files (another variable's
-//! checkpoint nested inside, the user's own files), is an
-//! [`Error::InvalidArgument`] before anything is written.
+//! `index.json`, `shard-*.safetensors` and `admission-*.safetensors`
+//! files (another variable's checkpoint nested inside, the user's own
+//! files), is an [`Error::InvalidArgument`] before anything is written.
 
 use super::io_error;
 use super::manifest::MANIFEST;
@@ -66,7 +66,9 @@ pub(crate) fn is_reserved(name: &str) -> bool {
 
 /// Whether a directory entry called `name` belongs in a checkpoint.
 fn is_checkpoint_file(name: &str) -> bool {
-    name == MANIFEST || (name.starts_with("shard-") && name.ends_with(".safetensors"))
+    name == MANIFEST
+        || ((name.starts_with("shard-") || name.starts_with("admission-"))
+            && name.ends_with(".safetensors"))
 }
 
 impl Place {
@@ -242,6 +244,7 @@ mod tests {
     fn only_index_and_shard_files_belong_in_a_checkpoint() {
         assert!(is_checkpoint_file("index.json"));
         assert!(is_checkpoint_file("shard-00000-00001.safetensors"));
+        assert!(is_checkpoint_file("admission-00000.safetensors"));
         assert!(!is_checkpoint_file("notes.txt"));
         assert!(!is_checkpoint_file("b"));
     }

@@ -209,6 +209,7 @@ where
             rows_per_file,
             rows: 0,
             files: Vec::new(),
+            admission: None,
         })
     })
 }
@@ -263,7 +264,7 @@ impl<K: Key> Reader<K> {
     /// checked again as they are read; a file that changed since
     /// [`Reader::open`] is an error). Timestamp scores move this process's
     /// timestamp clock past the latest one (see
-    /// [`observe_timestamp`](crate::restrict::observe_timestamp)).
+    /// [`observe_timestamp`]).
     pub fn for_each(&self, mut visit: impl FnMut(Rows<K>) -> Result<()>) -> Result<()> {
         let (dir, manifest) = (&self.verified.dir, &self.verified.manifest);
         let timestamps = manifest.policy() == Some(RestrictPolicy::Timestamp);

@@ -54,11 +54,14 @@ impl Pool {
     /// Keeps `candidate` if it is among the lowest [`POOL`] (replacing an
     /// older entry of the same row).
     fn offer(&mut self, candidate: (u64, u64)) {
+        if self.entries.len() == POOL && candidate >= self.entries[POOL - 1] {
+            // Most rows a window offers rank above a full pool: refused at
+            // once. (An older entry of the row, if any, stays: a popped
+            // entry is checked against the row's rank anyway.)
+            return;
+        }
         if let Some(at) = self.entries.iter().position(|&(_, row)| row == candidate.1) {
             self.entries.remove(at);
-        }
-        if self.entries.len() == POOL && candidate >= self.entries[POOL - 1] {
-            return;
         }
         let at = self.entries.partition_point(|&entry| entry < candidate);
         self.entries.insert(at, candidate);
@@ -165,20 +168,32 @@ impl Bound {
             for &candidate in &window[..found] {
                 pool.offer(candidate);
             }
-            while let Some((rank, row)) = pool.pop() {
-                let now = rows.rank(row);
-                if now == 0 {
-                    continue;
-                }
-                if now != rank {
-                    pool.offer((now, row));
-                    continue;
-                }
+            drop(pool);
+            // The pool's lock is not held while a row is evicted (that
+            // waits for the row's lock, which a writer may hold).
+            while let Some(row) = self.next_candidate(rows) {
                 if try_evict(row) {
                     return true;
                 }
             }
         }
         false
+    }
+
+    /// Takes the pool's lowest-ranked candidate whose rank is still what
+    /// the pool holds (a dead row is dropped, a row written since goes
+    /// back with its new rank).
+    fn next_candidate(&self, rows: &RowStore) -> Option<u64> {
+        let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
+        while let Some((rank, row)) = pool.pop() {
+            let now = rows.rank(row);
+            if now == rank {
+                return Some(row);
+            }
+            if now != 0 {
+                pool.offer((now, row));
+            }
+        }
+        None
     }
 }

@@ -114,6 +114,9 @@ impl Table {
                                 let (address, bytes) = self.rows.slot_span(slot, key.row);
                                 prefetch_span(address, bytes);
                             }
+                            // A bounded table's write also sets the row's
+                            // eviction rank, in a column of its own.
+                            prefetch(self.rows.rank_address(key.row));
                         }
                         Access::Remove => prefetch(address),
                     }

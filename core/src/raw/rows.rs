@@ -853,6 +853,15 @@ impl RowStore {
             .map_or(0, |words| words[0].load(Ordering::Relaxed))
     }
 
+    /// Address of the rank of `row`, for prefetching (null without a rank
+    /// column).
+    #[inline]
+    pub(crate) fn rank_address(&self, row: u64) -> *const AtomicU64 {
+        self.ranks
+            .as_ref()
+            .map_or(std::ptr::null(), |ranks| ranks.row_address(row))
+    }
+
     /// Halves the decayed count of a live row as the sweep passes it (a
     /// race with a write loses one of the two, which a hint may).
     pub(crate) fn age_rank(&self, row: u64, seen: u64) {

@@ -1,5 +1,5 @@
 //! Whole-table passes over a [`RedisVariable`]: streaming export (and
-//! save's reading, see `checkpoint`) and `restrict`.
+//! save's reading, see `checkpoint`), `restrict` and `expire`.
 //!
 //! # Bounded round trips, bounded memory
 //!
@@ -58,6 +58,22 @@
 //! writers the rows kept may differ from `num_reserved` by the rows
 //! written meanwhile. Decision: prune by threshold on the servers,
 //! because then no key travels to the client or waits there.
+//!
+//! # `expire`
+//!
+//! Expiry by age is `restrict`'s step 3 alone, with the cutoff as the
+//! threshold and no ties: one pass, a group of buckets per round trip,
+//! each bucket judged and pruned by one `REMOVE_BELOW` (module command
+//! or script) that removes the rows whose timestamp is below the cutoff
+//! (at the cutoff stays, as on a local variable). The scores are read
+//! on the server by the very command that removes, atomically per
+//! bucket, so a row is judged by the score it has when it is removed: a
+//! row written after `expire` began (stamped after the cutoff) is kept
+//! whenever its bucket is pruned, and one written back after its bucket
+//! was pruned is a new row. Nothing but three counts per bucket comes
+//! back: the client holds one group's counts. Decision: no scan of the
+//! scores to the client first, which would ship 8 bytes per row and add
+//! a round trip per group only to skip buckets with nothing to remove.
 
 use crate::layout::{self, Row};
 use crate::reply;
@@ -67,6 +83,8 @@ use dynemb::{Key, Result};
 use redis::Value;
 use std::collections::VecDeque;
 use std::ops::Range;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 /// Bins of `restrict`'s score histogram.
 pub(crate) const BINS: usize = 1 << 16;
@@ -76,6 +94,9 @@ pub(crate) const EXPORT_ROWS_PER_GROUP: usize = 1 << 14;
 
 /// Rows whose scores one round trip of `restrict` reads or prunes, about.
 const RESTRICT_ROWS_PER_GROUP: usize = 1 << 14;
+
+/// Rows one round trip of `expire` judges, about.
+const EXPIRE_ROWS_PER_GROUP: usize = RESTRICT_ROWS_PER_GROUP;
 
 /// The groups of a pass (see the module docs): consecutive buckets of
 /// about `rows_per_group` rows each, planned a window of buckets at a
@@ -348,6 +369,47 @@ impl<K: Key> RedisVariable<K> {
             None => Ok(0),
             Some(plan) => self.prune(plan.threshold, plan.ties),
         }
+    }
+
+    /// Removes the rows (with their slots and scores) not written for
+    /// `older_than` and returns how many (Monolith's and TorchRec's
+    /// expiry by age, as [`Variable::expire`](dynemb::Variable::expire)).
+    /// A row is old when its [`RestrictPolicy::Timestamp`](dynemb::RestrictPolicy::Timestamp) score is below
+    /// `now - older_than`, `now` taken from this process's clock
+    /// ([`dynemb::restrict::next_timestamp`]) when the call starts; rows
+    /// stamped by processes whose clocks run behind or ahead are judged
+    /// by their stamps. A row written while it runs is kept (each bucket
+    /// is judged and pruned at once on its server, see the `scan`
+    /// module's docs).
+    ///
+    /// A variable without the Timestamp policy is an
+    /// [`Error::InvalidArgument`], and one being restored (see
+    /// [`RedisVariable::restore`]) an [`Error::Backend`]: both before
+    /// anything changes. It runs in one pass, a group of about 16,384
+    /// rows per round trip; the client's memory does not grow with the
+    /// table. A failure part-way (a node down, a restore starting) may
+    /// leave some groups expired and others not; running it again
+    /// finishes the work. The rows removed are counted in
+    /// [`RedisVariable::lifecycle_stats`], group by group.
+    pub fn expire(&self, older_than: Duration) -> Result<usize> {
+        // The cutoff first: `now` is when the call starts.
+        let cutoff =
+            dynemb::checks::expiry_cutoff(self.name(), self.restrict_policy(), older_than)?;
+        self.check_not_restoring()?;
+        if cutoff == 0 {
+            return Ok(0); // no score is below 0
+        }
+        let mut removed = 0u64;
+        for group in Groups::new(self, EXPIRE_ROWS_PER_GROUP) {
+            let gone: u64 = self
+                .remove_below(group?.map(|b| (b, 0)), cutoff)?
+                .iter()
+                .map(|&(below, _, _)| below)
+                .sum();
+            removed += gone;
+            self.inner.expired.fetch_add(gone, Ordering::Relaxed);
+        }
+        Ok(usize::try_from(removed).unwrap_or(usize::MAX))
     }
 
     /// Calls `seen` on the score of every row, a group of buckets per

@@ -50,8 +50,8 @@ use std::sync::LazyLock;
 
 /// The error code of `SCORES` and `REMOVE_BELOW` (and their module
 /// twins) on a bucket a restore has marked, followed by the checkpoint's
-/// name: `restrict` stops there rather than judge a bucket being
-/// restored.
+/// name: `restrict` and `expire` stop there rather than judge a bucket
+/// being restored.
 pub(crate) const RESTORING_ERROR: &str = "DYNEMB_RESTORING";
 
 /// A Lua script: its code (loaded on every new connection) and its SHA-1
@@ -477,14 +477,14 @@ return table.concat(out)
     .with_native("DYNEMB.SCORES")
 });
 
-/// `restrict`'s removal, [`recorded`]: `ARGV[2..] = [threshold, quota]`
-/// (`threshold` a score's 8 little-endian bytes, `quota` decimal): removes
-/// every row scored below `threshold` and the first `quota` rows (in the
-/// order the bucket is read) scored exactly `threshold`. Fields that are
-/// not 8 bytes are not rows and stay. Returns `[below, ties removed, ties
-/// left]`. A row without a header, or a restore's marker (the error
-/// [`RESTORING_ERROR`], as in [`SCORES`]), fails the call before
-/// anything is removed.
+/// `restrict`'s removal (and `expire`'s, with a quota of 0), [`recorded`]:
+/// `ARGV[2..] = [threshold, quota]` (`threshold` a score's 8 little-endian
+/// bytes, `quota` decimal): removes every row scored below `threshold` and
+/// the first `quota` rows (in the order the bucket is read) scored exactly
+/// `threshold`. Fields that are not 8 bytes are not rows and stay.
+/// Returns `[below, ties removed, ties left]`. A row without a header, or
+/// a restore's marker (the error [`RESTORING_ERROR`], as in [`SCORES`]),
+/// fails the call before anything is removed.
 pub(crate) static REMOVE_BELOW: LazyLock<Lua> = LazyLock::new(|| {
     recorded(
         "",

@@ -10,8 +10,12 @@
 //! their CPU threads, which would only hold those threads while they wait.
 
 use crate::RedisVariable;
-use dynemb::{EmbeddingStore, EmbeddingTable, Initializer, Key, RestrictPolicy, Result, SlotId};
+use dynemb::{
+    EmbeddingStore, EmbeddingTable, Initializer, Key, LifecycleStats, RestrictPolicy, Result,
+    SlotId,
+};
 use std::path::Path;
+use std::time::Duration;
 
 impl<K: Key> EmbeddingStore for RedisVariable<K> {
     type Key = K;
@@ -119,14 +123,12 @@ impl<K: Key> EmbeddingTable for RedisVariable<K> {
         RedisVariable::memory_bytes(self)
     }
     fn capacity(&self) -> Option<usize> {
-        None
+        RedisVariable::capacity(self)
     }
-    fn expire(&self, _older_than: std::time::Duration) -> Result<usize> {
-        Err(dynemb::Error::InvalidArgument(
-            "expire is not supported by RedisVariable yet".into(),
-        ))
+    fn expire(&self, older_than: Duration) -> Result<usize> {
+        RedisVariable::expire(self, older_than)
     }
-    fn lifecycle_stats(&self) -> Result<dynemb::LifecycleStats> {
-        Ok(dynemb::LifecycleStats::default())
+    fn lifecycle_stats(&self) -> Result<LifecycleStats> {
+        Ok(RedisVariable::lifecycle_stats(self))
     }
 }

@@ -13,13 +13,14 @@ use crate::meta::Meta;
 use crate::reply;
 use crate::scripts::{self, Lua};
 use dynemb::{
-    BackendErrorKind, Error, Initializer, Key, Partitioner, RestrictPolicy, Result, SlotId,
-    TableOptions, VariableBuilder,
+    BackendErrorKind, Error, Initializer, Key, LifecycleStats, Partitioner, RestrictPolicy, Result,
+    SlotId, TableOptions, VariableBuilder,
 };
 use redis::Value;
 use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Instant;
 
@@ -91,6 +92,9 @@ pub(crate) struct Inner {
     /// Slot names and initial values by index, as last read from the
     /// metadata (slots are only ever appended).
     pub slots: RwLock<Vec<(String, f32)>>,
+    /// Rows this handle and its clones removed by
+    /// [`RedisVariable::expire`].
+    pub expired: AtomicU64,
 }
 
 impl<K: Key> std::fmt::Debug for RedisVariable<K> {
@@ -180,7 +184,13 @@ pub(crate) use dynemb::checks::{batch_len, check_finite, check_len};
 
 /// Refuses the lifecycle settings a Redis table cannot honour: a capacity
 /// (and so its listener and frequency decay, which need one) and
-/// admission. Expiry by timestamp is supported ([`RedisVariable::expire`]).
+/// admission (its counts of keys not yet admitted would have to live on
+/// the servers, shared by every trainer). A capacity is not left to
+/// Redis's `maxmemory` eviction either: that evicts whole keys, a bucket
+/// of thousands of rows chosen without their scores (or the metadata, or
+/// with a `volatile-*` policy only the write records), and tells no
+/// listener. A table is bounded by [`RedisVariable::restrict`] or
+/// [`RedisVariable::expire`] instead.
 fn refuse_lifecycle(
     name: &str,
     capacity: Option<usize>,
@@ -214,7 +224,10 @@ impl<K: Key> RedisVariable<K> {
     /// buckets' hash tags, and [`RedisConfig::validate`]) and refuses,
     /// with an [`Error::InvalidArgument`], a setting a Redis table cannot
     /// honour: more than one shard (its keys are spread over
-    /// [`RedisConfig::buckets`] instead) or a [`Partitioner::Custom`].
+    /// [`RedisConfig::buckets`] instead), a [`Partitioner::Custom`], and
+    /// a capacity, admission or an eviction listener (see the crate docs'
+    /// row lifecycle; [`RedisVariable::expire`] and
+    /// [`RedisVariable::restrict`] bound a Redis table).
     /// [`init_size`](dynemb::VariableBuilder::init_size) is accepted and
     /// unused (see the [crate docs](crate)). `trainable` and `checkpoint`
     /// are properties of this handle, not stored.
@@ -290,6 +303,7 @@ impl<K: Key> RedisVariable<K> {
                 buckets: config.buckets,
                 cluster,
                 slots: RwLock::new(slots),
+                expired: AtomicU64::new(0),
             }),
             _key: PhantomData,
         })
@@ -330,6 +344,24 @@ impl<K: Key> RedisVariable<K> {
     /// The restrict policy its rows' scores follow, if any.
     pub fn restrict_policy(&self) -> Option<RestrictPolicy> {
         self.inner.policy
+    }
+
+    /// Always `None`: a Redis table has no capacity (one asked of the
+    /// builder is refused by [`RedisVariable::open`]); bound it with
+    /// [`RedisVariable::restrict`] or [`RedisVariable::expire`].
+    pub fn capacity(&self) -> Option<usize> {
+        None
+    }
+
+    /// What the row lifecycle did through this handle and its clones:
+    /// the rows [`RedisVariable::expire`] removed (expiries by other
+    /// handles or processes are theirs to count). Eviction and admission
+    /// stay zero: a Redis table refuses them.
+    pub fn lifecycle_stats(&self) -> LifecycleStats {
+        LifecycleStats {
+            expired: self.inner.expired.load(Ordering::Relaxed),
+            ..LifecycleStats::default()
+        }
     }
 
     /// Buckets the rows are spread over.

@@ -11,7 +11,8 @@
 //! - `mlp.safetensors`: the MLP's weights;
 //! - `run.json` ([`RunManifest`]): the run's configuration ([`RunConfig`])
 //!   and its progress ([`Progress`]: epochs done, the next batch of the
-//!   epoch, steps, skipped batches, evictions).
+//!   epoch, steps, skipped batches, and the rows evicted, expired and not
+//!   admitted, in all and at the current epoch's start).
 //!
 //! candle-nn's `AdamW` keeps its moments and step count in private fields
 //! (candle-nn 0.11 `optim.rs`), so they are not in a checkpoint: a resumed
@@ -47,12 +48,15 @@
 //!
 //! **A resumed run is the same run.** The data and model flags (`--data`,
 //! `--fields`, `--train-samples`, `--eval-samples`, `--seed`, `--dim`,
-//! `--batch`, `--max-size`) must be those of the checkpoint's run
-//! ([`RunConfig::check_same`]: an error names the flag), and the data must
-//! hold the same training samples an epoch. `--epochs` and `--steps` count
-//! from the run's start; `--threads` (the table's shards, which a
-//! checkpoint restores into any count), `--checkpoint-every`, `--summary`
-//! and the `--redis` flags may change.
+//! `--batch`, and the table's `--max-size`, `--capacity` and `--min-count`)
+//! must be those of the checkpoint's run ([`RunConfig::check_same`]: an
+//! error names the flag), and the data must hold the same training samples
+//! an epoch. `--epochs` and `--steps` count from the run's start;
+//! `--threads` (the table's shards, which a checkpoint restores into any
+//! count), `--expire`, `--checkpoint-every`, `--summary` and the `--redis`
+//! flags may change. The table's checkpoint keeps the admission counts of
+//! ids not yet admitted and every row's last training time, so expiry
+//! counts the time between a checkpoint and its resumption as age.
 
 use std::fs::{self, File};
 use std::io::Write;
@@ -61,6 +65,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, DataChoice};
+use crate::train::RowCounts;
 
 /// The table's checkpoint directory inside a checkpoint.
 pub const TABLE_DIR: &str = "embeddings";
@@ -125,7 +130,7 @@ pub enum CheckpointError {
     #[error(
         "{flag}: the checkpoint's run used {saved}, this one asks for {asked}; a resumed \
          run keeps its data and model flags (only --epochs, --steps, --threads, \
-         --checkpoint-every, --summary and the --redis flags may change)"
+         --expire, --checkpoint-every, --summary and the --redis flags may change)"
     )]
     Changed {
         /// The flag that differs.
@@ -176,6 +181,17 @@ pub struct RunConfig {
     pub batch: usize,
     /// `--max-size`.
     pub max_size: Option<usize>,
+    /// `--capacity` (absent from a manifest written before the flag: none).
+    #[serde(default)]
+    pub capacity: Option<usize>,
+    /// `--min-count` (absent from a manifest written before the flag: 1).
+    #[serde(default = "every_id")]
+    pub min_count: u32,
+}
+
+/// The `--min-count` that admits every id at its first read.
+fn every_id() -> u32 {
+    1
 }
 
 impl RunConfig {
@@ -207,6 +223,8 @@ impl RunConfig {
             dim: config.dim,
             batch: config.batch,
             max_size: config.max_size,
+            capacity: config.capacity,
+            min_count: config.min_count,
         }
     }
 
@@ -257,6 +275,16 @@ impl RunConfig {
         if self.max_size != asked.max_size {
             return changed("--max-size", shown(&self.max_size), shown(&asked.max_size));
         }
+        if self.capacity != asked.capacity {
+            return changed("--capacity", shown(&self.capacity), shown(&asked.capacity));
+        }
+        if self.min_count != asked.min_count {
+            return changed(
+                "--min-count",
+                self.min_count.to_string(),
+                asked.min_count.to_string(),
+            );
+        }
         Ok(())
     }
 }
@@ -273,8 +301,13 @@ pub struct Progress {
     pub steps: u64,
     /// Batches skipped because their loss was not finite.
     pub skipped: u64,
-    /// Rows evicted by `--max-size` so far.
-    pub evicted: usize,
+    /// What the table's bounds, admission and expiry did so far.
+    #[serde(default)]
+    pub rows: RowCounts,
+    /// [`Progress::rows`] when the current epoch started (its line shows
+    /// the difference).
+    #[serde(default)]
+    pub epoch_start: RowCounts,
     /// The current epoch's trained batches, samples and loss sum (for its
     /// mean loss when the epoch ends in a resumed run).
     pub epoch_trained: u64,
@@ -300,6 +333,7 @@ impl Progress {
         self.epoch_samples = 0;
         self.epoch_loss_sum = 0.0;
         self.epoch_skipped = 0;
+        self.epoch_start = self.rows;
     }
 }
 
@@ -771,6 +805,8 @@ mod tests {
                 dim: 4,
                 batch: 10,
                 max_size: None,
+                capacity: None,
+                min_count: 1,
             },
             train_samples_per_epoch: 100,
             progress: Progress {
@@ -1035,7 +1071,7 @@ mod tests {
         let saved = manifest(0).run;
         saved.check_same(&saved).unwrap();
         type Change = fn(&mut RunConfig);
-        let cases: [(&str, Change); 8] = [
+        let cases: [(&str, Change); 10] = [
             ("--data", |c| c.data = "/data/train.txt".into()),
             ("--fields", |c| c.fields = 5),
             ("--train-samples", |c| c.train_samples = Some(200)),
@@ -1044,6 +1080,8 @@ mod tests {
             ("--dim", |c| c.dim = 8),
             ("--batch", |c| c.batch = 20),
             ("--max-size", |c| c.max_size = Some(1000)),
+            ("--capacity", |c| c.capacity = Some(1000)),
+            ("--min-count", |c| c.min_count = 2),
         ];
         for (flag, change) in cases {
             let mut asked = saved.clone();
@@ -1058,10 +1096,33 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let mut m = manifest(9);
         m.progress.epoch_loss_sum = 0.1 + 0.2;
+        m.progress.rows.evicted = 5;
+        m.progress.epoch_start.not_admitted_reads = 7;
+        m.run.capacity = Some(100);
         m.write(root.path()).unwrap();
         assert_eq!(RunManifest::read(root.path()).unwrap(), m);
         fs::write(root.path().join(RUN_FILE), "{").unwrap();
         let message = RunManifest::read(root.path()).unwrap_err().to_string();
         assert!(message.contains(RUN_FILE), "{message}");
+    }
+
+    /// A manifest written before the table's lifecycle flags reads as a
+    /// run without them.
+    #[test]
+    fn a_manifest_without_the_lifecycle_fields_reads_as_without_them() {
+        let root = tempfile::tempdir().unwrap();
+        let m = manifest(4);
+        let mut json: serde_json::Value = serde_json::to_value(&m).unwrap();
+        for (object, field) in [
+            ("run", "capacity"),
+            ("run", "min_count"),
+            ("progress", "rows"),
+            ("progress", "epoch_start"),
+        ] {
+            let removed = json[object].as_object_mut().unwrap().remove(field);
+            assert!(removed.is_some(), "{object}.{field}");
+        }
+        fs::write(root.path().join(RUN_FILE), json.to_string()).unwrap();
+        assert_eq!(RunManifest::read(root.path()).unwrap(), m);
     }
 }

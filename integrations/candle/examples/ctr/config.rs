@@ -7,8 +7,9 @@
 //! and the rules between flags it can state (`requires`,
 //! `conflicts_with`); [`Flags::resolve`] applies the `--quick` presets,
 //! the thread count's sources and the rules that need several values
-//! (held-out ids, a batch's embedding values, `--max-size` against one
-//! batch's ids). Whether a resumed run asks for the same run is checked
+//! (held-out ids, a batch's embedding values, `--max-size` and
+//! `--capacity` against one batch's ids, `--capacity` and `--min-count`,
+//! which a Redis table lacks, against `--redis`). Whether a resumed run asks for the same run is checked
 //! against its checkpoint (`checkpoint`), and whether Redis answers when
 //! the table opens (`table`).
 //!
@@ -24,6 +25,7 @@
 use std::ffi::OsString;
 use std::fmt;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::error::ErrorKind;
 use clap::{ArgGroup, CommandFactory, Parser};
@@ -139,11 +141,29 @@ pub struct Flags {
     #[arg(long, value_name = "N", value_parser = count(MAX_THREADS), help_heading = "Training")]
     pub threads: Option<usize>,
 
-    /// Most rows kept in the embedding table; beyond it the least recently
-    /// trained are evicted down to 90% (default: no limit; at least --batch x
-    /// fields, the rows one step inserts)
-    #[arg(long, value_name = "N", value_parser = count(usize::MAX), help_heading = "Training")]
+    /// Most rows kept in the embedding table between steps: after a step
+    /// that leaves more, the least recently trained are evicted down to 90%
+    /// (TFRA's restrict; default: no limit; at least --batch x fields, the
+    /// rows one step inserts)
+    #[arg(long, value_name = "N", value_parser = count(usize::MAX), help_heading = "Table")]
     pub max_size: Option<usize>,
+
+    /// Most rows the embedding table ever holds: a new row in a full table
+    /// evicts a least recently trained one, with its Adam slots (default: no
+    /// limit; at least --batch x fields and --threads; not with --redis)
+    #[arg(long, value_name = "N", value_parser = count(usize::MAX), help_heading = "Table")]
+    pub capacity: Option<usize>,
+
+    /// An id gets a row at its Nth training read (one read per batch it is
+    /// in); before that it reads its initial row and its gradient is dropped
+    /// (default 1: every id at its first read; not with --redis)
+    #[arg(long, value_name = "N", value_parser = min_count, help_heading = "Table")]
+    pub min_count: Option<u32>,
+
+    /// At each epoch's end, remove the rows not trained for SECS seconds of
+    /// wall-clock time (default: none; may change on --resume)
+    #[arg(long, value_name = "SECS", value_parser = seconds, help_heading = "Table")]
+    pub expire: Option<Duration>,
 
     /// Keep the run in DIR: a checkpoint after every epoch and at the end
     /// (default: the model goes to a temporary directory for the reload check
@@ -157,7 +177,7 @@ pub struct Flags {
     pub checkpoint_every: Option<usize>,
 
     /// Continue the run whose checkpoint is in --checkpoint DIR: same data and
-    /// model flags; --epochs and --steps count in total; --threads,
+    /// model flags; --epochs and --steps count in total; --threads, --expire,
     /// --checkpoint-every, --summary and the --redis flags may change
     #[arg(
         long,
@@ -233,8 +253,18 @@ pub struct Config {
     pub threads: usize,
     /// Where [`Config::threads`] came from.
     pub threads_from: ThreadsFrom,
-    /// Most rows kept in the embedding table; `None`: no limit.
+    /// Most rows kept in the embedding table between steps (`--max-size`);
+    /// `None`: no limit.
     pub max_size: Option<usize>,
+    /// Most rows the embedding table ever holds (`--capacity`); `None`: no
+    /// limit.
+    pub capacity: Option<usize>,
+    /// The training read at which an id gets a row (`--min-count`); 1:
+    /// every id at its first.
+    pub min_count: u32,
+    /// Age at which rows are removed at an epoch's end (`--expire`);
+    /// `None`: never.
+    pub expire: Option<Duration>,
     /// Where the run keeps its checkpoints (`--checkpoint`).
     pub checkpoint: Option<PathBuf>,
     /// Training steps between periodic checkpoints (`--checkpoint-every`).
@@ -389,6 +419,47 @@ impl Flags {
                 None => (env.cores.clamp(1, MAX_THREADS), ThreadsFrom::Cores),
             },
         };
+        if let Some(capacity) = self.capacity {
+            if capacity < batch * fields {
+                return Err(invalid(
+                    "--capacity",
+                    capacity,
+                    format!(
+                        "at least one batch's ids (--batch {batch} x {fields} fields = {}), \
+                         which a step reads and then trains",
+                        batch * fields
+                    ),
+                ));
+            }
+            if capacity < threads {
+                return Err(invalid(
+                    "--capacity",
+                    capacity,
+                    format!("at least one row per shard of the table ({threads} threads)"),
+                ));
+            }
+        }
+        let min_count = self.min_count.unwrap_or(1);
+        if self.redis.is_some() {
+            let refused = [
+                (
+                    self.capacity.is_some(),
+                    "--capacity",
+                    "evict rows as they arrive; --max-size bounds it after each step",
+                ),
+                (
+                    min_count > 1,
+                    "--min-count",
+                    "admit ids late; --max-size bounds it after each step",
+                ),
+            ];
+            if let Some((_, flag, why)) = refused.into_iter().find(|(given, ..)| *given) {
+                return Err(Flags::command().error(
+                    ErrorKind::ArgumentConflict,
+                    format!("{flag} cannot be used with --redis: a Redis table cannot {why}"),
+                ));
+            }
+        }
         let redis = self.redis.map(|Nodes(nodes)| RedisChoice {
             nodes,
             prefix: self
@@ -406,6 +477,9 @@ impl Flags {
             threads,
             threads_from,
             max_size: self.max_size,
+            capacity: self.capacity,
+            min_count,
+            expire: self.expire,
             checkpoint: self.checkpoint,
             checkpoint_every: self.checkpoint_every.map(|n| n as u64),
             resume: self.resume,
@@ -450,6 +524,31 @@ fn count(max: usize) -> impl Fn(&str) -> Result<usize, String> + Clone + Send + 
             _ => Err(expected()),
         }
     }
+}
+
+/// A `--min-count`: a whole number from 1 to `u32::MAX`, `_` separators
+/// allowed.
+fn min_count(value: &str) -> Result<u32, String> {
+    match digits(value).and_then(|digits| digits.parse().ok()) {
+        Some(n) if n >= 1 => Ok(n),
+        _ => Err(format!(
+            "expected a whole number from 1 to {} (1: every id at its first read)",
+            u32::MAX
+        )),
+    }
+}
+
+/// A duration in seconds: a finite number above 0 (`90`, `0.5`, `1e3`),
+/// `_` separators allowed, that a [`Duration`] holds.
+fn seconds(value: &str) -> Result<Duration, String> {
+    let number: String = value.chars().filter(|&c| c != '_').collect();
+    number
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| "expected a number of seconds above 0, such as 90 or 0.5".into())
 }
 
 /// A seed: a whole number from 0 to `u64::MAX`, `_` separators allowed.
@@ -527,8 +626,8 @@ impl fmt::Display for Config {
         write!(
             f,
             ", {} held out, seed {}{}{}\ntraining: dim {}, batch {}, epochs {}, steps {}, \
-             max size {}, checkpoint {}{}{}{}\nthreads: {} (from {}): candle's CPU pool \
-             ({THREADS_VAR}) and the table's shards",
+             checkpoint {}{}{}{}\nthreads: {} (from {}): candle's CPU pool \
+             ({THREADS_VAR}) and the table's shards\ntable: ",
             self.eval_samples,
             self.seed,
             if self.quick { " (quick)" } else { "" },
@@ -537,7 +636,6 @@ impl fmt::Display for Config {
             self.batch,
             self.epochs,
             or_none(self.steps.map(|s| s.to_string())),
-            or_none(self.max_size.map(|s| s.to_string())),
             or_none(self.checkpoint.as_ref().map(|p| p.display().to_string())),
             self.checkpoint_every
                 .map_or(String::new(), |n| format!(" and every {n} steps")),
@@ -546,16 +644,24 @@ impl fmt::Display for Config {
             self.threads,
             self.threads_from,
         )?;
-        if let Some(redis) = &self.redis {
-            write!(
+        match &self.redis {
+            Some(redis) => write!(
                 f,
-                "\ntable: Redis {}, {}:ctr/embeddings, {} at the end",
+                "Redis {}, {}:ctr/embeddings, {} at the end",
                 redis.nodes.join(","),
                 redis.prefix,
                 if redis.keep { "kept" } else { "destroyed" }
-            )?;
+            )?,
+            None => f.write_str("in memory")?,
         }
-        Ok(())
+        write!(
+            f,
+            ", max size {}, capacity {}, min count {}, expire {}",
+            or_none(self.max_size.map(|s| s.to_string())),
+            or_none(self.capacity.map(|s| s.to_string())),
+            self.min_count,
+            or_none(self.expire.map(|d| format!("after {} s", d.as_secs_f64()))),
+        )
     }
 }
 
@@ -900,6 +1006,122 @@ mod tests {
             config(&["--data", "t.txt", "--batch", "10", "--max-size", "390"]).max_size,
             Some(390)
         );
+    }
+
+    #[test]
+    fn table_lifecycle_flags() {
+        let c = config(&[]);
+        assert_eq!((c.capacity, c.min_count, c.expire), (None, 1, None));
+        let shown = c.to_string();
+        assert!(
+            shown.contains(
+                "\ntable: in memory, max size none, capacity none, min count 1, expire none"
+            ),
+            "{shown}"
+        );
+        let c = config(&[
+            "--capacity",
+            "100_000",
+            "--min-count=3",
+            "--expire",
+            "90",
+            "--max-size",
+            "200000",
+        ]);
+        assert_eq!(
+            (c.capacity, c.min_count, c.expire, c.max_size),
+            (
+                Some(100_000),
+                3,
+                Some(Duration::from_secs(90)),
+                Some(200_000)
+            )
+        );
+        let shown = c.to_string();
+        assert!(
+            shown.contains(
+                "table: in memory, max size 200000, capacity 100000, min count 3, \
+                 expire after 90 s"
+            ),
+            "{shown}"
+        );
+        assert_eq!(
+            config(&["--expire", "0.25"]).expire,
+            Some(Duration::from_millis(250))
+        );
+        assert_eq!(config(&["--min-count", "1"]).min_count, 1);
+        for (flag, value) in [
+            ("--capacity", "0"),
+            ("--capacity", "-5"),
+            ("--capacity", "many"),
+            ("--min-count", "0"),
+            ("--min-count", "1.5"),
+            ("--min-count", "4294967296"),
+            ("--expire", "0"),
+            ("--expire", "-1"),
+            ("--expire", "nan"),
+            ("--expire", "inf"),
+            ("--expire", "1e300"),
+            ("--expire", "soon"),
+            ("--expire", ""),
+        ] {
+            refused(&[flag, value], flag, value);
+        }
+        let message = refused(&["--expire", "0"], "--expire", "0");
+        assert!(message.contains("seconds above 0"), "{message}");
+    }
+
+    #[test]
+    fn capacity_must_hold_one_batch_and_a_row_per_shard() {
+        let c = config(&["--batch", "100", "--fields", "4", "--capacity", "400"]);
+        assert_eq!(c.capacity, Some(400));
+        let message = refused(
+            &["--batch", "100", "--fields", "4", "--capacity", "399"],
+            "--capacity",
+            "399",
+        );
+        assert!(message.contains("= 400"), "{message}");
+        let message = refused(
+            &[
+                "--batch",
+                "1",
+                "--fields",
+                "2",
+                "--threads",
+                "8",
+                "--capacity",
+                "4",
+            ],
+            "--capacity",
+            "4",
+        );
+        assert!(message.contains("one row per shard"), "{message}");
+    }
+
+    #[test]
+    fn redis_refuses_capacity_and_admission() {
+        for (args, flag) in [
+            (&["--capacity", "100000"][..], "--capacity"),
+            (&["--min-count", "2"], "--min-count"),
+        ] {
+            let mut args = args.to_vec();
+            args.extend(["--redis", "127.0.0.1:7000"]);
+            let message = refused_as(&args, ErrorKind::ArgumentConflict, &[flag, "--redis"]);
+            assert!(message.contains("a Redis table cannot"), "{message}");
+        }
+        // 1 asks for nothing a Redis table lacks; it expires rows.
+        let c = config(&[
+            "--min-count",
+            "1",
+            "--expire",
+            "60",
+            "--redis",
+            "127.0.0.1:7000",
+        ]);
+        assert_eq!((c.min_count, c.expire), (1, Some(Duration::from_secs(60))));
+        assert!(c.to_string().contains(
+            "destroyed at the end, max size none, capacity none, min count 1, expire after 60 s"
+        ));
     }
 
     #[test]

@@ -35,6 +35,17 @@
 //! cargo run --release -p dynemb-candle --example ctr -- --checkpoint run1 --resume --epochs 2
 //! ```
 //!
+//! The table can be kept in bounds on an endless stream of ids:
+//! `--capacity N` (never more than N rows; a new row evicts a least
+//! recently trained one), `--min-count N` (an id gets a row at its Nth
+//! training read) and `--expire SECS` (at each epoch's end, the rows not
+//! trained for SECS seconds go), beside `--max-size` (TFRA's restrict
+//! after a step). Each epoch's line counts what they did in that epoch.
+//!
+//! ```sh
+//! cargo run --release -p dynemb-candle --example ctr -- --capacity 1280000 --min-count 2
+//! ```
+//!
 //! With `--redis`, the table is a `RedisVariable` (see `table`): a new run
 //! refuses one that holds rows unless `--overwrite` clears them, a resumed
 //! run restores its checkpoint's table into it, and it is destroyed at the

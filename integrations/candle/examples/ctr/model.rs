@@ -7,8 +7,10 @@
 //! `dynemb_redis::RedisVariable<i64>` of the same settings, see `table`;
 //! the model is generic over it) with a timestamp restrict policy
 //! (so the training loop can keep it under `--max-size` by evicting the
-//! least recently trained rows) and small random-normal rows, deterministic
-//! per id. The MLP's weights live in a candle-nn `VarMap`, so they save and
+//! least recently trained rows, a `--capacity` evicts those first, and
+//! `--expire` finds the rows not trained for a while) and small
+//! random-normal rows, deterministic per id. With `--min-count`, an id
+//! gets a row only at its Nth training read ([`TableLifecycle`]). The MLP's weights live in a candle-nn `VarMap`, so they save and
 //! load as safetensors.
 //!
 //! The MLP's initial weights come from the seed: [`init_mlp`] overwrites
@@ -22,7 +24,7 @@ use std::sync::{Arc, PoisonError};
 
 use candle_core::{Device, Module, Tensor, Var};
 use candle_nn::{Linear, VarBuilder, VarMap};
-use dynemb::{EmbeddingStore, Initializer, RestrictPolicy, Variable, VariableBuilder};
+use dynemb::{Admission, EmbeddingStore, Initializer, RestrictPolicy, Variable, VariableBuilder};
 use dynemb_candle::{Embedding, EmbeddingConfig};
 use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
@@ -45,22 +47,67 @@ pub fn row_initializer(seed: u64) -> Initializer {
     }
 }
 
-/// The restrict policy of the table (evict the least recently trained).
+/// The restrict policy of the table: a row's score is when it was last
+/// trained, so `--max-size` and `--capacity` evict the least recently
+/// trained rows and `--expire` removes the ones not trained for a while.
 pub const TABLE_POLICY: RestrictPolicy = RestrictPolicy::Timestamp;
 
-/// The embedding table's description for `dim`-wide rows, named
-/// [`TABLE_NAME`]: built here as a local table ([`embedding_table`]) or
-/// opened in Redis (`table::open_redis`) from the same settings.
-pub fn table_description(dim: usize, seed: u64) -> VariableBuilder<i64> {
-    Variable::<i64>::builder(TABLE_NAME)
-        .dim(dim)
-        .initializer(row_initializer(seed))
-        .restrict_policy(TABLE_POLICY)
+/// How rows come and go besides training (`--capacity`, `--min-count`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TableLifecycle {
+    /// Most rows the table ever holds; `None`: no bound.
+    pub capacity: Option<usize>,
+    /// The training read at which an id gets a row; 1: its first.
+    pub min_count: u32,
 }
 
-/// The local embedding table for `dim`-wide rows, in `shards` shards.
-pub fn embedding_table(dim: usize, shards: usize, seed: u64) -> dynemb::Result<Variable<i64>> {
-    table_description(dim, seed).shards(shards).build()
+impl TableLifecycle {
+    /// No capacity, every id admitted at its first read.
+    pub const NONE: TableLifecycle = TableLifecycle {
+        capacity: None,
+        min_count: 1,
+    };
+}
+
+impl Default for TableLifecycle {
+    /// [`TableLifecycle::NONE`].
+    fn default() -> Self {
+        TableLifecycle::NONE
+    }
+}
+
+/// The embedding table's description for `dim`-wide rows, named
+/// [`TABLE_NAME`], with `lifecycle`'s capacity and admission (exact
+/// counts; none for a `min_count` of 1): built here as a local table
+/// ([`embedding_table`]) or opened in Redis (`table::open_redis`) from the
+/// same settings.
+pub fn table_description(dim: usize, seed: u64, lifecycle: TableLifecycle) -> VariableBuilder<i64> {
+    let mut table = Variable::<i64>::builder(TABLE_NAME)
+        .dim(dim)
+        .initializer(row_initializer(seed))
+        .restrict_policy(TABLE_POLICY);
+    if let Some(rows) = lifecycle.capacity {
+        table = table.capacity(rows);
+    }
+    if lifecycle.min_count > 1 {
+        table = table.admission(Admission::Exact {
+            min_count: lifecycle.min_count,
+        });
+    }
+    table
+}
+
+/// The local embedding table for `dim`-wide rows, in `shards` shards, with
+/// `lifecycle`'s capacity and admission.
+pub fn embedding_table(
+    dim: usize,
+    shards: usize,
+    seed: u64,
+    lifecycle: TableLifecycle,
+) -> dynemb::Result<Variable<i64>> {
+    table_description(dim, seed, lifecycle)
+        .shards(shards)
+        .build()
 }
 
 /// Field embeddings (in a table of type `T`) and the MLP on top of them.
@@ -223,7 +270,7 @@ mod tests {
     /// `seed`; its variables by name.
     fn seeded_mlp(seed: u64) -> Vec<(String, Vec<f32>)> {
         let dev = Device::Cpu;
-        let table = Arc::new(embedding_table(4, 1, 1).unwrap());
+        let table = Arc::new(embedding_table(4, 1, 1, TableLifecycle::NONE).unwrap());
         let map = VarMap::new();
         let vb = VarBuilder::from_varmap(&map, candle_core::DType::F32, &dev);
         CtrModel::new(table, vb, 3).unwrap();
@@ -322,7 +369,7 @@ mod tests {
     #[test]
     fn forward_gives_one_logit_per_sample_and_inference_inserts_nothing() {
         let dev = Device::Cpu;
-        let table = Arc::new(embedding_table(4, 2, 1).unwrap());
+        let table = Arc::new(embedding_table(4, 2, 1, TableLifecycle::NONE).unwrap());
         let map = candle_nn::VarMap::new();
         let vb = VarBuilder::from_varmap(&map, candle_core::DType::F32, &dev);
         let model = CtrModel::new(table.clone(), vb, 3).unwrap();

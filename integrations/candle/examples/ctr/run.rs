@@ -27,12 +27,16 @@
 //! - a failed step other than a skipped one (a Redis node lost mid-write)
 //!   may have applied part of the step, so it stops the run without a new
 //!   checkpoint: the last one (periodic or per epoch) is what was kept,
-//!   and the message says where it is;
+//!   and the message says where it is; so does an `--expire` that fails
+//!   part-way;
 //! - the final save goes to the same checkpoint format (a finished run
 //!   resumes with a larger `--epochs`), and the reload check reads it
 //!   back; if it fails, the error says which checkpoint is left to
 //!   `--resume` from; without `--checkpoint` it goes to a temporary
 //!   directory, and nothing is kept.
+//!
+//! `--expire` runs at the end of each epoch, before its evaluation and
+//! checkpoint, so both see the table without the expired rows.
 //!
 //! A resumed run ([`crate::checkpoint`] says what must match) restores the
 //! table, the sparse optimizer (its step count too), the MLP's weights
@@ -53,6 +57,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::auc;
 use crate::checkpoint::{CheckpointDir, CheckpointError, Mode, Progress, RunConfig, RunManifest};
 use crate::config::Config;
+use crate::model::TableLifecycle;
 use crate::source::{self, Batch, DataSource};
 use crate::summary::{self, StreamSummary};
 use crate::table;
@@ -136,6 +141,10 @@ pub fn execute(config: &Config, open: &mut OpenData<'_>, out: &mut dyn Write) ->
         shards: config.threads.max(1),
         seed: config.seed,
         max_size: config.max_size,
+        lifecycle: TableLifecycle {
+            capacity: config.capacity,
+            min_count: config.min_count,
+        },
     };
     let training = Training {
         config,
@@ -277,7 +286,7 @@ impl Training<'_> {
                 )
                 .into());
             }
-            trainer.set_evicted(progress.evicted);
+            trainer.set_counts(progress.rows)?;
             writeln!(
                 out,
                 "resuming the run: {progress}; the table, its Adam slots and the sparse \
@@ -449,9 +458,10 @@ impl Training<'_> {
                     break;
                 };
                 let step = trainer.step(&batch).map_err(step_error)?;
+                let rows = trainer.counts().map_err(step_error)?;
                 let progress = &mut self.manifest.progress;
                 progress.batch += 1;
-                progress.evicted = trainer.evicted();
+                progress.rows = rows;
                 match step {
                     Step::Trained(loss) => {
                         progress.steps += 1;
@@ -491,6 +501,12 @@ impl Training<'_> {
             ended = ended || self.manifest.progress.batch >= batches_per_epoch;
             bar.finish_and_clear();
             let seconds = started.elapsed().as_secs_f64();
+            if let (true, Some(older_than)) = (ended, config.expire) {
+                trainer.expire(older_than).map_err(|e| {
+                    Stopped::Step(format!("--expire after epoch {epoch}: {e}").into())
+                })?;
+                self.manifest.progress.rows = trainer.counts().map_err(step_error)?;
+            }
             self.report_epoch(trainer, epoch, samples_here as f64 / seconds, out)
                 .map_err(Stopped::Clean)?;
             if ended {
@@ -504,7 +520,10 @@ impl Training<'_> {
     }
 
     /// Writes the epoch's line: training loss and speed, held-out metrics
-    /// (undefined ones say so), table size and evictions, skipped batches.
+    /// (undefined ones say so), the table's size and memory, what the
+    /// epoch evicted (`--max-size` and `--capacity`), the reads of ids not
+    /// yet admitted (with `--min-count` above 1) and the rows expired (with
+    /// `--expire`), and skipped batches.
     fn report_epoch<T: EmbeddingTable<Key = i64> + 'static>(
         &self,
         trainer: &Trainer<T>,
@@ -530,15 +549,22 @@ impl Training<'_> {
             Ok(rows) => rows.to_string(),
             Err(e) => format!("? ({e})"),
         };
+        let epoch_rows = progress.rows.since(&progress.epoch_start);
+        let mut lifecycle = format!("{} evicted", epoch_rows.restricted + epoch_rows.evicted);
+        if self.config.min_count > 1 {
+            lifecycle += &format!(", {} reads not admitted", epoch_rows.not_admitted_reads);
+        }
+        if self.config.expire.is_some() {
+            lifecycle += &format!(", {} expired", epoch_rows.expired);
+        }
         writeln!(
             out,
             "epoch {epoch}: train loss {}, {speed:.0} samples/s | {held_out} | table {rows} \
-             rows, {memory}{place}, {} evicted{}",
+             rows, {memory}{place}; this epoch {lifecycle}{}",
             match progress.epoch_trained {
                 0 => "undefined (no batch trained)".to_string(),
                 trained => format!("{:.4}", progress.epoch_loss_sum / trained as f64),
             },
-            trainer.evicted(),
             skipped_note(progress.epoch_skipped),
         )?;
         Ok(())
@@ -801,6 +827,7 @@ mod tests {
             shards: 1,
             seed: 3,
             max_size: None,
+            lifecycle: TableLifecycle::NONE,
         })
         .unwrap();
         let mut taken = 0;
@@ -932,6 +959,8 @@ mod tests {
             ("--eval-samples", "300"),
             ("--train-samples", "900"),
             ("--max-size", "10000"),
+            ("--capacity", "10000"),
+            ("--min-count", "2"),
             ("--fields", "5"),
         ] {
             let outcome = go(
@@ -947,6 +976,8 @@ mod tests {
             &synthetic(&[
                 "--threads",
                 "2",
+                "--expire",
+                "3600",
                 "--steps",
                 "6",
                 "--checkpoint",
@@ -957,6 +988,112 @@ mod tests {
             None,
         );
         assert_eq!(ok(&outcome).progress.steps, 6);
+    }
+
+    /// The epoch lines of `outcome`.
+    fn epoch_lines(outcome: &Outcome) -> Vec<&str> {
+        outcome
+            .output
+            .lines()
+            .filter(|l| l.starts_with("epoch "))
+            .collect()
+    }
+
+    /// The number before `what` in `line` (`"12 evicted"`).
+    fn count_before(line: &str, what: &str) -> u64 {
+        let before = line
+            .split(what)
+            .next()
+            .and_then(|head| head.split_whitespace().last());
+        before
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no count of {what:?} in {line}"))
+    }
+
+    /// The table's rows on an epoch line.
+    fn table_rows(line: &str) -> usize {
+        let rows = line
+            .split("| table ")
+            .nth(1)
+            .and_then(|t| t.split(' ').next());
+        rows.and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no table rows in {line}"))
+    }
+
+    /// Each epoch's line counts what that epoch evicted, did not admit and
+    /// expired (the last two only with their flags); the counts go on
+    /// across a resumed epoch.
+    #[test]
+    fn epoch_lines_count_the_epochs_evictions_admissions_and_expiries() {
+        let plain = go(&synthetic(&["--epochs", "2"]), &[], None);
+        ok(&plain);
+        for line in epoch_lines(&plain) {
+            assert!(line.contains("; this epoch 0 evicted"), "{line}");
+            assert!(!line.contains("admitted") && !line.contains("expired"));
+        }
+        let plain_rows = table_rows(epoch_lines(&plain)[1]);
+
+        // One batch holds 400 ids.
+        let bounded = go(
+            &synthetic(&["--epochs", "2", "--capacity", "500"]),
+            &[],
+            None,
+        );
+        ok(&bounded);
+        let lines = epoch_lines(&bounded);
+        assert_eq!(lines.len(), 2);
+        for line in &lines {
+            assert!(table_rows(line) <= 500, "{line}");
+            assert!(count_before(line, " evicted") > 0, "{line}");
+        }
+
+        let root = tempfile::tempdir().unwrap();
+        let path = root.path().join("ckpt").display().to_string();
+        let admitting = |extra: &[&str]| {
+            let mut args = vec![
+                "--epochs",
+                "2",
+                "--min-count",
+                "2",
+                "--expire",
+                "3600",
+                "--checkpoint",
+                &path,
+            ];
+            args.extend(extra);
+            synthetic(&args)
+        };
+        let whole = go(&admitting(&[]), &[], None);
+        ok(&whole);
+        let lines = epoch_lines(&whole);
+        let first = count_before(lines[0], " reads not admitted");
+        let second = count_before(lines[1], " reads not admitted");
+        // The first epoch reads every id once or more and admits those it
+        // reads twice; the second pass reads each again, admitting the rest.
+        assert!(first > 0 && second == 0, "{lines:?}");
+        assert!(table_rows(lines[0]) < plain_rows, "{lines:?}");
+        assert_eq!(table_rows(lines[1]), plain_rows, "{lines:?}");
+        for line in &lines {
+            assert!(line.ends_with(", 0 expired"), "{line}");
+        }
+        let run_total = manifest(&root.path().join("ckpt")).progress.rows;
+        assert_eq!(run_total.not_admitted_reads, first + second);
+
+        // Stopped in the first epoch and resumed: the same counts.
+        let overwrite = go(&admitting(&["--overwrite", "--steps", "4"]), &[], None);
+        ok(&overwrite);
+        let resumed = go(&admitting(&["--resume"]), &[], None);
+        ok(&resumed);
+        let resumed_lines = epoch_lines(&resumed);
+        assert_eq!(
+            count_before(resumed_lines[0], " reads not admitted"),
+            first,
+            "{resumed_lines:?}"
+        );
+        assert_eq!(
+            count_before(resumed_lines[1], " reads not admitted"),
+            second
+        );
     }
 
     /// A directory holding a checkpoint is refused to a new run, before
@@ -1335,8 +1472,17 @@ mod tests {
             "the other run's rows were touched"
         );
 
-        let overwritten = go(&redis(&["--overwrite", "--redis-keep"]), &[], None);
+        let overwritten = go(
+            &redis(&["--overwrite", "--redis-keep", "--expire", "3600"]),
+            &[],
+            None,
+        );
         assert_eq!(ok(&overwritten).progress.steps, 2);
+        let lines = epoch_lines(&overwritten);
+        assert!(
+            lines.len() == 1 && lines[0].ends_with("; this epoch 0 evicted, 0 expired"),
+            "{lines:?}"
+        );
         assert!(
             overwritten.output.contains("cleared the 2 rows"),
             "{}",

@@ -1,6 +1,9 @@
 //! The Redis table of `--redis` ([`open_redis`]): named `ctr/embeddings`
 //! under `--redis-prefix`, with the local table's initializer and restrict
-//! policy, so a checkpoint moves between the two. The trainer is generic
+//! policy, so a checkpoint moves between the two. A Redis table has no
+//! capacity or admission, so the configuration refuses `--capacity` and
+//! `--min-count` with `--redis`; it expires rows on its servers
+//! (`--expire`). The trainer is generic
 //! over `dynemb::EmbeddingTable` and trains this table or a local
 //! `Variable<i64>` with the same code.
 //!
@@ -14,7 +17,7 @@
 use dynemb_redis::{RedisConfig, RedisVariable};
 
 use crate::config::RedisChoice;
-use crate::model::table_description;
+use crate::model::{table_description, TableLifecycle};
 
 /// Opens the Redis table `choice` describes for `dim`-wide rows from
 /// `seed` (the local table's settings), and clears it if `clear`; returns
@@ -30,7 +33,8 @@ pub fn open_redis(
         prefix: choice.prefix.clone(),
         ..RedisConfig::default()
     };
-    let table = RedisVariable::open(table_description(dim, seed), config).map_err(
+    let description = table_description(dim, seed, TableLifecycle::NONE);
+    let table = RedisVariable::open(description, config).map_err(
         |error| -> Box<dyn std::error::Error> {
             match error {
                 dynemb::Error::Mismatch { .. } => format!(
@@ -59,6 +63,7 @@ mod tests {
     use crate::source::DataSource;
     use crate::train::{check_reload, sample_keys, ModelConfig, Trainer, RELOAD_KEYS};
     use dynemb::EmbeddingTable;
+    use std::time::Duration;
 
     fn model() -> ModelConfig {
         ModelConfig {
@@ -67,6 +72,7 @@ mod tests {
             shards: 2,
             seed: 11,
             max_size: None,
+            lifecycle: TableLifecycle::NONE,
         }
     }
 
@@ -108,7 +114,8 @@ mod tests {
     /// (started here, stopped by PID) give the local run's rows, Adam slots
     /// and predictions, to 1e-6; the
     /// Redis-trained model reloads into a local table identically; a
-    /// second opening of the table clears what the first left.
+    /// second opening of the table clears what the first left; the
+    /// servers expire rows by age.
     #[test]
     fn a_redis_table_trains_like_a_local_one() {
         let Some(server) = Server::start() else {
@@ -173,6 +180,21 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(message.contains("--redis-prefix"), "{message}");
+
+        // Expiry on the servers (`--expire`): nothing is an hour old;
+        // every row is older than a few milliseconds a while after its step.
+        let (table, _) = open_redis(&choice, config.dim, config.seed, true).unwrap();
+        let mut trainer = Trainer::with_table(config.clone(), table).unwrap();
+        trainer
+            .step(&data().next_batch(BATCH).unwrap().unwrap())
+            .unwrap();
+        let rows = trainer.table().size().unwrap();
+        assert!(rows > 0);
+        assert_eq!(trainer.expire(Duration::from_secs(3600)).unwrap(), 0);
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(trainer.expire(Duration::from_millis(5)).unwrap(), rows);
+        assert_eq!(trainer.counts().unwrap().expired, rows as u64);
+        assert_eq!(trainer.table().size().unwrap(), 0);
         handle.destroy().unwrap();
     }
 }

@@ -13,6 +13,14 @@
 //! included. The configuration makes `--max-size` at least one batch's ids,
 //! so the rows a step just trained fit.
 //!
+//! The table itself ([`ModelConfig::lifecycle`]) may bound its rows
+//! (`--capacity`: an id's new row evicts a least recently trained one as
+//! it is inserted) and admit ids late (`--min-count`: until its Nth
+//! training read an id reads its initial row, gets no row and its gradient
+//! is dropped); [`Trainer::expire`] removes the rows not trained for a
+//! while (`--expire`). [`Trainer::counts`] counts what each did
+//! ([`RowCounts`]).
+//!
 //! Both initial states come from [`ModelConfig::seed`]: the table's
 //! initializer is seeded per id, and the MLP's weights are drawn by
 //! [`init_mlp`] (candle's own CPU generator cannot be seeded). So two
@@ -49,15 +57,19 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{Optimizer, ParamsAdamW, VarBuilder, VarMap};
-use dynemb::{EmbeddingTable, Variable};
+use dynemb::{EmbeddingTable, LifecycleStats, Variable};
 use dynemb_candle::SparseStep;
 use dynemb_optim::{ParamsAdam, SparseAdam};
+use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{MLP_FILE, SPARSE_FILE, TABLE_DIR};
-use crate::model::{bce_with_logits, embedding_table, ids_tensor, init_mlp, CtrModel};
+use crate::model::{
+    bce_with_logits, embedding_table, ids_tensor, init_mlp, CtrModel, TableLifecycle,
+};
 use crate::source::Batch;
 
 /// The errors of training: the layer's, the table's and candle's.
@@ -100,6 +112,37 @@ pub struct ModelConfig {
     pub seed: u64,
     /// Most rows the table keeps between steps.
     pub max_size: Option<usize>,
+    /// The table's capacity and admission.
+    pub lifecycle: TableLifecycle,
+}
+
+/// What removed rows from the table or kept ids out of it, over a run
+/// or, as a difference ([`RowCounts::since`]), over an epoch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RowCounts {
+    /// Rows evicted by `--max-size` (restricted after a step).
+    pub restricted: u64,
+    /// Rows evicted by `--capacity` as new ones arrived.
+    pub evicted: u64,
+    /// Training reads of ids not yet admitted (`--min-count`): each read
+    /// its initial row, and its gradient was dropped.
+    pub not_admitted_reads: u64,
+    /// Rows removed by `--expire`.
+    pub expired: u64,
+}
+
+impl RowCounts {
+    /// What happened after `start` (an earlier count of the same run).
+    pub fn since(&self, start: &RowCounts) -> RowCounts {
+        RowCounts {
+            restricted: self.restricted.saturating_sub(start.restricted),
+            evicted: self.evicted.saturating_sub(start.evicted),
+            not_admitted_reads: self
+                .not_admitted_reads
+                .saturating_sub(start.not_admitted_reads),
+            expired: self.expired.saturating_sub(start.expired),
+        }
+    }
 }
 
 /// The model with its optimizers, its embeddings in a table of type `T`.
@@ -111,14 +154,19 @@ pub struct Trainer<T: EmbeddingTable<Key = i64> + 'static = Variable<i64>> {
     sparse: SparseStep<ParamsAdam>,
     dense: candle_nn::AdamW,
     device: Device,
-    evicted: usize,
+    /// Rows restricted away by `--max-size` since [`Trainer::set_counts`].
+    restricted: u64,
+    /// The counts [`Trainer::set_counts`] set (a resumed run's).
+    base: RowCounts,
+    /// The table's lifecycle counts when they were set.
+    table_start: LifecycleStats,
 }
 
 impl Trainer {
     /// A fresh model: an empty local table and an MLP initialized from the
     /// seed.
     pub fn new(config: ModelConfig) -> Result<Self> {
-        let table = embedding_table(config.dim, config.shards, config.seed)?;
+        let table = embedding_table(config.dim, config.shards, config.seed, config.lifecycle)?;
         Self::assemble(config, table, VarMap::new(), None)
     }
 
@@ -126,7 +174,7 @@ impl Trainer {
     /// or a Redis table), in fresh objects (a local table, MLP and sparse
     /// optimizer state).
     pub fn load(config: ModelConfig, dir: &Path) -> Result<Self> {
-        let table = embedding_table(config.dim, config.shards, config.seed)?;
+        let table = embedding_table(config.dim, config.shards, config.seed, config.lifecycle)?;
         Self::resume(config, table, dir)
     }
 }
@@ -196,6 +244,7 @@ impl<T: EmbeddingTable<Key = i64> + 'static> Trainer<T> {
                 ..Default::default()
             },
         )?;
+        let table_start = table.lifecycle_stats()?;
         Ok(Trainer {
             config,
             table,
@@ -204,7 +253,9 @@ impl<T: EmbeddingTable<Key = i64> + 'static> Trainer<T> {
             sparse: SparseStep::new(sparse),
             dense,
             device,
-            evicted: 0,
+            restricted: 0,
+            base: RowCounts::default(),
+            table_start,
         })
     }
 
@@ -227,7 +278,7 @@ impl<T: EmbeddingTable<Key = i64> + 'static> Trainer<T> {
         };
         if let Some(max) = self.config.max_size {
             if self.table.size()? > max {
-                self.evicted += self.table.restrict(reserved_rows(max), max)?;
+                self.restricted += self.table.restrict(reserved_rows(max), max)? as u64;
             }
         }
         Ok(step)
@@ -269,19 +320,39 @@ impl<T: EmbeddingTable<Key = i64> + 'static> Trainer<T> {
         Ok(())
     }
 
-    /// Sets the count of rows evicted so far (a resumed run's).
-    pub fn set_evicted(&mut self, evicted: usize) {
-        self.evicted = evicted;
+    /// Removes the rows not trained for `older_than` (`--expire`) and
+    /// returns how many.
+    pub fn expire(&self, older_than: Duration) -> Result<usize> {
+        Ok(self.table.expire(older_than)?)
+    }
+
+    /// Sets what [`Trainer::counts`] counts from (a resumed run's counts).
+    pub fn set_counts(&mut self, counts: RowCounts) -> Result<()> {
+        self.table_start = self.table.lifecycle_stats()?;
+        self.base = counts;
+        self.restricted = 0;
+        Ok(())
+    }
+
+    /// What removed rows or kept ids out so far: the counts set by
+    /// [`Trainer::set_counts`] plus what happened since.
+    pub fn counts(&self) -> Result<RowCounts> {
+        let now = self.table.lifecycle_stats()?;
+        let start = &self.table_start;
+        Ok(RowCounts {
+            restricted: self.base.restricted + self.restricted,
+            evicted: self.base.evicted + now.evicted.saturating_sub(start.evicted),
+            not_admitted_reads: self.base.not_admitted_reads
+                + now
+                    .not_admitted_reads
+                    .saturating_sub(start.not_admitted_reads),
+            expired: self.base.expired + now.expired.saturating_sub(start.expired),
+        })
     }
 
     /// The embedding table.
     pub fn table(&self) -> &T {
         &self.table
-    }
-
-    /// Rows evicted by the restrict policy so far.
-    pub fn evicted(&self) -> usize {
-        self.evicted
     }
 
     /// Sparse optimizer steps taken.
@@ -323,8 +394,9 @@ pub struct ReloadCheck {
 /// size and sparse optimizer step count, bit-identical rows and Adam slots
 /// (`m`, `v`) for up to [`RELOAD_KEYS`] of the trained keys (spread over
 /// the table), and bit-identical predictions on `eval`. An error says what
-/// differs; a trained model with an empty table (nothing trained) is an
-/// error too, since there would be nothing to compare.
+/// differs; a model that has taken no step is an error too, since there
+/// would be nothing to compare (a trained table may be empty: `--expire`
+/// may have removed every row).
 pub fn check_reload<
     A: EmbeddingTable<Key = i64> + 'static,
     B: EmbeddingTable<Key = i64> + 'static,
@@ -335,8 +407,8 @@ pub fn check_reload<
 ) -> Result<ReloadCheck> {
     let (a, b) = (trained.table(), reloaded.table());
     let (a_rows, b_rows) = (a.size()?, b.size()?);
-    if a_rows == 0 {
-        return Err("reload check: the trained table is empty (nothing was trained)".into());
+    if trained.steps() == 0 {
+        return Err("reload check: the model has taken no step (nothing was trained)".into());
     }
     if a_rows != b_rows {
         return Err(format!(
@@ -444,6 +516,7 @@ mod tests {
             shards: 2,
             seed: 7,
             max_size,
+            lifecycle: TableLifecycle::NONE,
         }
     }
 
@@ -668,14 +741,113 @@ mod tests {
         let mut trainer = Trainer::new(config(Some(5_000))).unwrap();
         source.rewind().unwrap();
         while let Some(batch) = source.next_batch(1024).unwrap() {
-            let evicted = trainer.evicted();
+            let evicted = trainer.counts().unwrap().restricted;
             trainer.step(&batch).unwrap();
             assert!(trainer.table().size() <= 5_000);
-            if trainer.evicted() > evicted {
+            if trainer.counts().unwrap().restricted > evicted {
                 assert_eq!(trainer.table().size(), 4_500);
             }
         }
-        assert!(trainer.evicted() > 0);
+        assert!(trainer.counts().unwrap().restricted > 0);
+    }
+
+    /// [`config`] with `lifecycle`.
+    fn with_lifecycle(capacity: Option<usize>, min_count: u32) -> ModelConfig {
+        ModelConfig {
+            lifecycle: TableLifecycle {
+                capacity,
+                min_count,
+            },
+            ..config(None)
+        }
+    }
+
+    #[test]
+    fn a_capacity_bounds_the_table_at_every_step_and_counts_evictions() {
+        let mut source = data();
+        let mut trainer = Trainer::new(with_lifecycle(Some(3_000), 1)).unwrap();
+        assert_eq!(trainer.table().capacity(), Some(3_000));
+        while let Some(batch) = source.next_batch(256).unwrap() {
+            trainer.step(&batch).unwrap();
+            assert!(trainer.table().size() <= 3_000);
+        }
+        let counts = trainer.counts().unwrap();
+        assert!(counts.evicted > 0, "{counts:?}");
+        assert_eq!(counts.evicted, trainer.table().lifecycle_stats().evicted);
+        assert_eq!((counts.restricted, counts.expired), (0, 0));
+
+        // A reload into a table of the same capacity is the same model.
+        let dir = tempfile::tempdir().unwrap();
+        trainer.save(dir.path()).unwrap();
+        let reloaded = Trainer::load(trainer.config().clone(), dir.path()).unwrap();
+        let eval = data().eval_set().samples.clone();
+        let check = check_reload(&trainer, &reloaded, &eval).unwrap();
+        assert_eq!(check.rows, trainer.table().size());
+    }
+
+    /// With a min count of 2, every id's first training read is not
+    /// admitted (the data has fewer distinct ids than the pending counts
+    /// hold), so those reads number the ids a table without admission
+    /// holds, and only ids read twice have rows.
+    #[test]
+    fn a_min_count_keeps_ids_read_once_out_of_the_table() {
+        let plain = trained(config(None), 20, 256);
+        let mut admitting = Trainer::new(with_lifecycle(None, 2)).unwrap();
+        let mut source = data();
+        for _ in 0..20 {
+            let batch = source.next_batch(256).unwrap().unwrap();
+            admitting.step(&batch).unwrap();
+        }
+        let (all, admitted) = (plain.table().size(), admitting.table().size());
+        assert!(0 < admitted && admitted < all, "{admitted} of {all} ids");
+        let counts = admitting.counts().unwrap();
+        assert_eq!(counts.not_admitted_reads, all as u64, "{counts:?}");
+        assert_eq!((counts.evicted, counts.restricted), (0, 0));
+
+        let dir = tempfile::tempdir().unwrap();
+        admitting.save(dir.path()).unwrap();
+        let reloaded = Trainer::load(admitting.config().clone(), dir.path()).unwrap();
+        let eval = data().eval_set().samples.clone();
+        check_reload(&admitting, &reloaded, &eval).unwrap();
+    }
+
+    /// `expire` removes the rows not trained for the given time and counts
+    /// them; an age no row has reaches none. (Rows trained just before
+    /// may go too if the machine is slow: only the sums are exact.)
+    #[test]
+    fn expire_removes_the_rows_not_trained_for_a_while() {
+        let mut trainer = trained(config(None), 3, 256);
+        assert_eq!(trainer.expire(Duration::from_secs(3600)).unwrap(), 0);
+        let before = trainer.table().size();
+        std::thread::sleep(Duration::from_millis(50));
+        let mut source = data();
+        for _ in 0..3 {
+            source.next_batch(256).unwrap();
+        }
+        trainer
+            .step(&source.next_batch(256).unwrap().unwrap())
+            .unwrap();
+        let grown = trainer.table().size();
+        assert!(grown > before);
+        let removed = trainer.expire(Duration::from_millis(25)).unwrap();
+        assert!(removed > 0);
+        assert_eq!(trainer.table().size(), grown - removed);
+        assert_eq!(trainer.counts().unwrap().expired, removed as u64);
+
+        // Counts set on resume go on from there.
+        let mut resumed = trained(config(None), 1, 256);
+        let earlier = RowCounts {
+            restricted: 1,
+            evicted: 2,
+            not_admitted_reads: 3,
+            expired: 4,
+        };
+        resumed.set_counts(earlier).unwrap();
+        assert_eq!(resumed.counts().unwrap(), earlier);
+        std::thread::sleep(Duration::from_millis(5));
+        let gone = resumed.expire(Duration::from_millis(1)).unwrap() as u64;
+        assert!(gone > 0);
+        assert_eq!(resumed.counts().unwrap().since(&earlier).expired, gone);
     }
 
     #[test]
@@ -689,11 +861,11 @@ mod tests {
             let mut restricts = 0;
             for _ in 0..20 {
                 let batch = source.next_batch(batch).unwrap().unwrap();
-                let evicted = trainer.evicted();
+                let evicted = trainer.counts().unwrap().restricted;
                 trainer.step(&batch).unwrap();
                 let size = trainer.table().size();
                 assert!(size <= max, "max {max}: {size} rows");
-                if trainer.evicted() > evicted {
+                if trainer.counts().unwrap().restricted > evicted {
                     restricts += 1;
                     assert_eq!(size, reserved_rows(max), "max {max}");
                 }
@@ -703,13 +875,13 @@ mod tests {
     }
 
     #[test]
-    fn the_reload_check_refuses_an_empty_table_and_finds_differences() {
+    fn the_reload_check_refuses_an_untrained_model_and_finds_differences() {
         let eval = data().eval_set().samples.clone();
         let untrained = Trainer::new(config(None)).unwrap();
         let message = check_reload(&untrained, &Trainer::new(config(None)).unwrap(), &eval)
             .unwrap_err()
             .to_string();
-        assert!(message.contains("empty"), "{message}");
+        assert!(message.contains("no step"), "{message}");
 
         let trainer = trained(config(None), 3, 256);
         let dir = tempfile::tempdir().unwrap();

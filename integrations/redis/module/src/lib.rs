@@ -19,10 +19,11 @@
 //!
 //! Each takes the script's `KEYS` then its `ARGV` and answers what the
 //! script answers (`SCORES` and `REMOVE_BELOW`, `restrict`'s scan and
-//! removal, read the bucket's rows in place with `RedisModule_ScanKey`
-//! and look only at their scores: no row is copied, where the scripts
-//! copy the whole bucket into Lua) ([`rows`] says what each does to the rows, and where a
-//! corrupt stored row makes the native form stricter than the script).
+//! removal and `expire`'s removal, read the bucket's rows in place with
+//! `RedisModule_ScanKey` and look only at their scores: no row is
+//! copied, where the scripts copy the whole bucket into Lua) ([`rows`]
+//! says what each does to the rows, and where a corrupt stored row makes
+//! the native form stricter than the script).
 //!
 //! Needs Redis 7.0 or later. In Redis 7.0 a module's commands belong to
 //! no ACL category, so a user restricted by categories (`+@write`) needs
@@ -414,10 +415,11 @@ fn scores_command(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 
 /// `DYNEMB.REMOVE_BELOW bucket record ttl threshold quota`: `restrict`'s
-/// removal (see [`rows::prune`]; `threshold` 8 little-endian bytes,
-/// `quota` decimal), recorded as every bucket write is. Replies `[below,
-/// ties removed, ties left]`; removes nothing and answers the error
-/// [`rows::RESTORING_ERROR`] if the bucket is being restored.
+/// removal, and `expire`'s with a quota of 0 (see [`rows::prune`];
+/// `threshold` 8 little-endian bytes, `quota` decimal), recorded as every
+/// bucket write is. Replies `[below, ties removed, ties left]`; removes
+/// nothing and answers the error [`rows::RESTORING_ERROR`] if the bucket
+/// is being restored.
 fn remove_below_command(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     let call = Call::parse(&args)?;
     let [threshold, quota] = call.rest[..] else {

@@ -338,7 +338,8 @@ pub fn write_if_unchanged(
 }
 
 /// The field of a bucket being restored (its value names the
-/// checkpoint): `restrict`'s scan and removal refuse such a bucket.
+/// checkpoint): `restrict`'s scan and removal, and `expire`'s removal,
+/// refuse such a bucket.
 pub const RESTORING_FIELD: &[u8] = b"restoring";
 
 /// The error code `SCORES` and `REMOVE_BELOW` answer on a bucket being

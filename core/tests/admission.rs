@@ -1,0 +1,173 @@
+//! Integration tests of admission through checkpoints, by the public API:
+//!
+//! - pending counts survive a save and a restore into a fresh variable,
+//!   exact and sketch: a key read twice before the save is admitted at its
+//!   third read, after the restore, and not before;
+//! - `load` merges counts (the larger of two), `restore` of a checkpoint
+//!   without admission state clears them;
+//! - a sketch of another shape, or admission of another kind, is an
+//!   [`Error::Mismatch`] that changes nothing;
+//! - a variable without admission restores a checkpoint with admission
+//!   state (and ignores it).
+
+use dynemb::{Admission, Error, Variable};
+use std::path::Path;
+
+const DIM: usize = 2;
+const EXACT: Admission = Admission::Exact { min_count: 3 };
+const SKETCH: Admission = Admission::Sketch {
+    min_count: 3,
+    width: 1 << 12,
+    depth: 4,
+};
+
+fn variable(admission: Admission) -> Variable<u64> {
+    Variable::<u64>::builder("t")
+        .dim(DIM)
+        .admission(admission)
+        .build()
+        .unwrap()
+}
+
+/// One training read of `key`; true if the key is a row afterwards.
+fn read(var: &Variable<u64>, key: u64) -> bool {
+    let mut out = [0.0; DIM];
+    var.lookup_or_insert(&[key], &mut out).unwrap();
+    let mut exists = [false];
+    var.lookup_with_exists(&[key], &mut out, &mut exists)
+        .unwrap();
+    exists[0]
+}
+
+/// The reads of `key` it takes to admit it, at most `limit`.
+fn reads_to_admit(var: &Variable<u64>, key: u64, limit: usize) -> Option<usize> {
+    (1..=limit).find(|_| read(var, key))
+}
+
+/// A variable under `admission` with key 1 read twice, key 2 once, key 3
+/// admitted (three reads), saved to `dir`.
+fn saved(admission: Admission, dir: &Path) {
+    let var = variable(admission);
+    assert!(!read(&var, 1));
+    assert!(!read(&var, 1));
+    assert!(!read(&var, 2));
+    assert_eq!(reads_to_admit(&var, 3, 3), Some(3));
+    assert_eq!(var.size(), 1);
+    var.save(dir).unwrap();
+}
+
+#[test]
+fn pending_exact_counts_survive_a_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    saved(EXACT, &ckpt);
+    let var = variable(EXACT);
+    var.restore(&ckpt).unwrap();
+    assert_eq!(var.size(), 1);
+    assert_eq!(reads_to_admit(&var, 1, 3), Some(1), "its third read");
+    assert_eq!(reads_to_admit(&var, 2, 3), Some(2), "its third read");
+    assert_eq!(reads_to_admit(&var, 4, 3), Some(3), "a new key");
+    // Without the checkpoint the counts start from zero.
+    let fresh = variable(EXACT);
+    assert_eq!(reads_to_admit(&fresh, 1, 3), Some(3));
+}
+
+#[test]
+fn a_pending_sketch_survives_a_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    saved(SKETCH, &ckpt);
+    let var = variable(SKETCH);
+    var.restore(&ckpt).unwrap();
+    assert_eq!(var.size(), 1);
+    assert_eq!(reads_to_admit(&var, 1, 3), Some(1), "its third read");
+    assert_eq!(reads_to_admit(&var, 2, 3), Some(2), "its third read");
+    let fresh = variable(SKETCH);
+    assert_eq!(reads_to_admit(&fresh, 1, 3), Some(3));
+}
+
+#[test]
+fn load_merges_counts_and_restore_without_state_clears_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    saved(EXACT, &ckpt);
+    let var = variable(EXACT);
+    assert!(!read(&var, 2));
+    assert!(!read(&var, 2));
+    assert!(!read(&var, 5));
+    var.load(&ckpt).unwrap();
+    // Key 1 has the checkpoint's 2, key 2 its own 2 (larger than the
+    // checkpoint's 1), key 5 its own 1.
+    assert_eq!(reads_to_admit(&var, 1, 3), Some(1));
+    assert_eq!(reads_to_admit(&var, 2, 3), Some(1));
+    assert_eq!(reads_to_admit(&var, 5, 3), Some(2));
+
+    let plain_dir = dir.path().join("plain");
+    let plain = Variable::<u64>::builder("t").dim(DIM).build().unwrap();
+    plain.upsert(&[9], &[1.0, 2.0]).unwrap();
+    plain.save(&plain_dir).unwrap();
+    let var = variable(EXACT);
+    assert!(!read(&var, 1));
+    assert!(!read(&var, 1));
+    var.load(&plain_dir).unwrap();
+    assert!(read(&var, 1), "load without state keeps the counts");
+    assert!(!read(&var, 2));
+    assert!(!read(&var, 2));
+    var.restore(&plain_dir).unwrap();
+    assert_eq!(var.size(), 1);
+    assert_eq!(
+        reads_to_admit(&var, 2, 3),
+        Some(3),
+        "restore without state clears the counts"
+    );
+}
+
+#[test]
+fn another_sketch_shape_or_kind_is_a_mismatch_that_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    saved(SKETCH, &ckpt);
+    let others = [
+        Admission::Sketch {
+            min_count: 3,
+            width: 1 << 11,
+            depth: 4,
+        },
+        Admission::Sketch {
+            min_count: 3,
+            width: 1 << 12,
+            depth: 3,
+        },
+        EXACT,
+    ];
+    for admission in others {
+        let var = variable(admission);
+        var.upsert(&[7], &[7.0, 7.0]).unwrap();
+        assert!(!read(&var, 8));
+        assert!(!read(&var, 8));
+        for result in [var.restore(&ckpt), var.load(&ckpt)] {
+            let err = result.unwrap_err();
+            assert!(
+                matches!(err, Error::Mismatch { .. }),
+                "{admission:?}: {err}"
+            );
+            let text = err.to_string();
+            assert!(text.contains("sketch"), "{text}");
+        }
+        assert_eq!(var.size(), 1);
+        let (keys, values) = var.export().unwrap();
+        assert_eq!((keys, values), (vec![7], vec![7.0, 7.0]));
+        assert!(read(&var, 8), "its pending count is unchanged");
+    }
+}
+
+#[test]
+fn a_variable_without_admission_ignores_the_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    saved(EXACT, &ckpt);
+    let var = Variable::<u64>::builder("t").dim(DIM).build().unwrap();
+    var.restore(&ckpt).unwrap();
+    assert_eq!(var.size(), 1);
+    assert!(read(&var, 1), "every key is admitted at its first read");
+}
