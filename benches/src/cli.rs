@@ -3,6 +3,7 @@
 //! ```text
 //! compare [--keys N] [--dim D[,D..]] [--threads T[,T..]] [--batch B] [--json FILE]
 //!         [--quick] [--systems S[,S..]] [--ops O[,O..]] [--repeats R]
+//!         [--bounded-ids N] [--bounded-capacity N] [--bounded-batch B]
 //! ```
 //!
 //! Defaults: 8Mi keys (8,388,608), dim 64 plus a dim sweep (8 and 256, for
@@ -17,13 +18,18 @@
 //! `keys * 64 / dim` keys, at most `keys` (dim 8: `keys`, dim 256: `keys /
 //! 4`); the `apply` configuration at dim 16 has `keys` keys. `--ops` selects
 //! what runs (see `--help`); a configuration left with nothing to run is
-//! skipped.
+//! skipped. The bounded group ([`crate::bounded`]) runs with dynemb, at the
+//! most `--threads`, the first `--dim` (default 16), one run unless
+//! `--repeats` says otherwise; its sizes have flags of their own (defaults:
+//! 100M ids into 4M rows, batches of 4,096; `--quick`: 2M ids into 100k
+//! rows).
 
+use crate::bounded::BoundedShape;
 use crate::peers::{Op, System};
 use crate::suite::{Config, Plan};
 use crate::workload::Shape;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use std::path::PathBuf;
 
 /// The `compare` command line as clap reads it; [`Cli::options`] turns it
@@ -72,7 +78,9 @@ pub struct Cli {
     /// and zipf), apply-sgd, apply-adagrad, apply-adam, redis (dynemb-redis on
     /// a 3-master Redis Cluster the bench starts: --keys keys, default
     /// 1000000, the first --dim; by default only when redis-server is
-    /// installed, and not with --quick).
+    /// installed, and not with --quick), bounded (a variable with a capacity
+    /// on a Zipf training stream, LRU and LFU, against moka and exact LRU
+    /// and LFU, and its eviction quality).
     #[arg(
         long,
         value_name = "O,..",
@@ -83,9 +91,20 @@ pub struct Cli {
     )]
     ops: Option<Vec<Selection>>,
     /// Rounds of the steady-state ops and optimizer steps (default 5;
-    /// --quick: 3).
+    /// --quick: 3); runs of the bounded stream per system (default 1).
     #[arg(long, value_name = "R", value_parser = positive)]
     repeats: Option<usize>,
+    /// Ids in the bounded group's training stream (default 100000000;
+    /// --quick: 2000000).
+    #[arg(long, value_name = "N", value_parser = positive)]
+    bounded_ids: Option<usize>,
+    /// Rows of the bounded group's tables (default 4000000; --quick:
+    /// 100000); more than --bounded-batch.
+    #[arg(long, value_name = "N", value_parser = positive)]
+    bounded_capacity: Option<usize>,
+    /// Ids per batch of the bounded group (default 4096).
+    #[arg(long, value_name = "B", value_parser = positive)]
+    bounded_batch: Option<usize>,
 }
 
 /// The names `--systems` knows.
@@ -103,6 +122,9 @@ impl Cli {
             json: self.json,
             quick: self.quick,
             repeats: self.repeats,
+            bounded_ids: self.bounded_ids,
+            bounded_capacity: self.bounded_capacity,
+            bounded_batch: self.bounded_batch,
             ..Options::default()
         };
         if !self.systems.is_empty() {
@@ -118,6 +140,7 @@ impl Cli {
             o.resize = selected.contains(&Selection::Resize);
             o.checkpoint = selected.contains(&Selection::Checkpoint);
             o.redis = Some(selected.contains(&Selection::Redis));
+            o.bounded = selected.contains(&Selection::Bounded);
         }
         o
     }
@@ -130,7 +153,19 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    Cli::try_parse_from(args).map(Cli::options)
+    let options = Cli::try_parse_from(args).map(Cli::options)?;
+    if let Some(b) = options.bounded_shape() {
+        if b.capacity <= b.batch {
+            return Err(Cli::command().error(
+                clap::error::ErrorKind::ValueValidation,
+                format!(
+                    "--bounded-capacity ({}) must exceed --bounded-batch ({})",
+                    b.capacity, b.batch
+                ),
+            ));
+        }
+    }
+    Ok(options)
 }
 
 /// The parsed command line.
@@ -162,6 +197,14 @@ pub struct Options {
     pub redis: Option<bool>,
     /// `--repeats`.
     pub repeats: Option<usize>,
+    /// Whether `--ops` selects the bounded group (default: yes).
+    pub bounded: bool,
+    /// `--bounded-ids`.
+    pub bounded_ids: Option<usize>,
+    /// `--bounded-capacity`.
+    pub bounded_capacity: Option<usize>,
+    /// `--bounded-batch`.
+    pub bounded_batch: Option<usize>,
 }
 
 impl Default for Options {
@@ -179,6 +222,10 @@ impl Default for Options {
             checkpoint: true,
             redis: None,
             repeats: None,
+            bounded: true,
+            bounded_ids: None,
+            bounded_capacity: None,
+            bounded_batch: None,
         }
     }
 }
@@ -194,11 +241,13 @@ enum Selection {
     Checkpoint,
     /// The Redis group.
     Redis,
+    /// The bounded group.
+    Bounded,
 }
 
 impl Selection {
     /// The names `--ops` knows, in usage order.
-    const NAMES: [&'static str; 14] = [
+    const NAMES: [&'static str; 15] = [
         "lookup",
         "miss",
         "upsert",
@@ -213,6 +262,7 @@ impl Selection {
         "apply-adagrad",
         "apply-adam",
         "redis",
+        "bounded",
     ];
 
     /// The selection called `name`.
@@ -228,6 +278,7 @@ impl Selection {
             "resize" => Selection::Resize,
             "checkpoint" => Selection::Checkpoint,
             "redis" => Selection::Redis,
+            "bounded" => Selection::Bounded,
             "apply" => Selection::Ops(&Op::APPLY),
             "apply-sgd" => Selection::Ops(&[Op::ApplySgd, Op::ApplySgdZipf]),
             "apply-adagrad" => Selection::Ops(&[Op::ApplyAdagrad, Op::ApplyAdagradZipf]),
@@ -240,7 +291,9 @@ impl Selection {
     fn ops(self) -> &'static [Op] {
         match self {
             Selection::Ops(ops) => ops,
-            Selection::Resize | Selection::Checkpoint | Selection::Redis => &[],
+            Selection::Resize | Selection::Checkpoint | Selection::Redis | Selection::Bounded => {
+                &[]
+            }
         }
     }
 }
@@ -286,6 +339,29 @@ pub const SWEEP_DIMS: [usize; 2] = [8, 256];
 pub const APPLY_DIMS: [usize; 1] = [16];
 
 impl Options {
+    /// The bounded group's workload, if it runs: selected (by default it
+    /// is) and dynemb among the systems.
+    pub fn bounded_shape(&self) -> Option<BoundedShape> {
+        if !(self.bounded && self.systems.contains(&System::Dynemb)) {
+            return None;
+        }
+        let default = BoundedShape::default_for(self.quick);
+        Some(BoundedShape {
+            ids: self.bounded_ids.unwrap_or(default.ids),
+            capacity: self.bounded_capacity.unwrap_or(default.capacity),
+            batch: self.bounded_batch.unwrap_or(default.batch),
+            dim: self.dims.first().copied().unwrap_or(default.dim),
+            threads: self
+                .threads
+                .iter()
+                .copied()
+                .max()
+                .unwrap_or(default.threads),
+            repeats: self.repeats.unwrap_or(default.repeats),
+            quality_capacity: default.quality_capacity,
+        })
+    }
+
     /// The plan these options describe (the Redis group by default if
     /// [`crate::redis::available`]).
     pub fn plan(&self) -> Plan {
@@ -369,6 +445,7 @@ impl Options {
                         sample: crate::redis::PER_KEY_SAMPLE.min(keys),
                     }
                 }),
+            bounded: self.bounded_shape(),
         }
     }
 }
@@ -378,7 +455,6 @@ mod tests {
     use super::*;
 
     use clap::error::ErrorKind;
-    use clap::CommandFactory;
 
     fn run(args: &[&str]) -> Result<Options, String> {
         Cli::try_parse_from(std::iter::once("compare").chain(args.iter().copied()))
@@ -541,6 +617,62 @@ mod tests {
             .plan_with(true);
         assert_eq!(p.redis.map(|r| r.dim), Some(16));
         assert_eq!(p.configs[0].ops, [Op::Accum]);
+    }
+
+    #[test]
+    fn bounded_group_shape() {
+        let p = run(&[]).unwrap().plan_with(false);
+        assert_eq!(p.bounded, Some(BoundedShape::default_for(false)));
+        let b = p.bounded.unwrap();
+        assert_eq!((b.ids, b.capacity, b.batch), (100_000_000, 4_000_000, 4096));
+        assert_eq!((b.dim, b.threads, b.repeats), (16, 2, 1));
+        let b = run(&["--quick"]).unwrap().plan_with(false).bounded.unwrap();
+        assert_eq!(
+            (b.ids, b.capacity, b.quality_capacity),
+            (2_000_000, 100_000, 50_000)
+        );
+        let o = run(&[
+            "--ops",
+            "bounded",
+            "--bounded-ids",
+            "1_000",
+            "--bounded-capacity",
+            "500",
+            "--bounded-batch",
+            "100",
+            "--threads",
+            "1",
+            "--dim",
+            "8",
+            "--repeats",
+            "3",
+        ])
+        .unwrap();
+        let p = o.plan_with(true);
+        assert!(
+            p.configs.is_empty() && p.redis.is_none(),
+            "only the bounded group"
+        );
+        let b = p.bounded.unwrap();
+        assert_eq!((b.ids, b.capacity, b.batch), (1000, 500, 100));
+        assert_eq!((b.dim, b.threads, b.repeats), (8, 1, 3));
+        assert_eq!(run(&["--ops", "lookup"]).unwrap().plan().bounded, None);
+        let no_dynemb = run(&["--systems", "dashmap"]).unwrap().plan();
+        assert_eq!(no_dynemb.bounded, None, "the group needs dynemb");
+        let e = parse_from([
+            "compare",
+            "--bounded-capacity",
+            "100",
+            "--bounded-batch",
+            "100",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("--bounded-capacity") && e.contains("must exceed"),
+            "{e}"
+        );
+        assert!(parse_from(["compare", "--ops", "bounded", "--quick"]).is_ok());
     }
 
     #[test]

@@ -21,12 +21,16 @@
 //! - [`suite`]: which ops run on which system, in which order;
 //! - [`resize`]: a reader's batch latency while a writer grows the table;
 //! - [`checkpoint`]: dynemb's save and restore throughput and memory;
+//! - [`bounded`]: a variable with a capacity on a Zipf training stream
+//!   against moka and exact LRU and LFU, and its eviction quality
+//!   (`--ops bounded`);
 //! - [`redis`]: `dynemb-redis` on a local Redis Cluster against a per-key
 //!   client and `redis-benchmark` (`--ops redis`);
 //! - [`report`]: the figures and their ratios as tables and as JSON;
 //! - [`cli`]: the `compare` binary's flags.
 
 pub mod apply;
+pub mod bounded;
 pub mod checkpoint;
 pub mod cli;
 pub mod harness;

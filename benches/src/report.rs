@@ -279,6 +279,8 @@ pub struct Report {
     pub redis: Option<crate::redis::RedisResults>,
     /// Why the Redis group did not complete, if it failed.
     pub redis_error: Option<String>,
+    /// The bounded group's figures (`--ops bounded`), if it ran.
+    pub bounded: Option<crate::bounded::BoundedResults>,
     /// Wall time of the whole run, s.
     pub wall_seconds: f64,
 }
@@ -385,6 +387,9 @@ impl Report {
         }
         if let Some(error) = &self.redis_error {
             let _ = writeln!(s, "\n### dynemb-redis: not measured ({error})");
+        }
+        if let Some(bounded) = &self.bounded {
+            s.push_str(&crate::bounded::render(bounded));
         }
         let _ = writeln!(
             s,
@@ -715,6 +720,7 @@ mod tests {
             }],
             redis: None,
             redis_error: None,
+            bounded: None,
             wall_seconds: 3.0,
         }
     }

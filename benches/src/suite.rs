@@ -90,6 +90,8 @@ pub struct Plan {
     pub systems: Vec<System>,
     /// The Redis group's workload, if it runs (see [`crate::redis`]).
     pub redis: Option<crate::redis::RedisShape>,
+    /// The bounded group's workload, if it runs (see [`crate::bounded`]).
+    pub bounded: Option<crate::bounded::BoundedShape>,
 }
 
 /// Every figure measured by [`run`].

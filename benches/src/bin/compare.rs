@@ -4,7 +4,8 @@
 //! ```text
 //! cargo run --release -p dynemb-benches --bin compare -- [--keys N] [--dim D[,D..]]
 //!     [--threads T[,T..]] [--batch B] [--json FILE] [--quick] [--systems S[,S..]]
-//!     [--ops O[,O..]] [--repeats R]
+//!     [--ops O[,O..]] [--repeats R] [--bounded-ids N] [--bounded-capacity N]
+//!     [--bounded-batch B]
 //! ```
 //!
 //! Progress goes to stderr; the report (Markdown tables) to stdout. See the
@@ -25,6 +26,9 @@ fn main() -> ExitCode {
     let redis = plan
         .redis
         .map(|shape| dynemb_benches::redis::run(shape, &progress));
+    let bounded = plan
+        .bounded
+        .map(|shape| dynemb_benches::bounded::run(shape, &progress));
     let report = Report {
         settings: Settings {
             configs: plan
@@ -52,6 +56,7 @@ fn main() -> ExitCode {
         runs: results.runs,
         redis: redis.as_ref().and_then(|r| r.as_ref().ok().cloned()),
         redis_error: redis.and_then(Result::err),
+        bounded,
         wall_seconds: started.elapsed().as_secs_f64(),
     };
     println!("{}", report.render());
