@@ -248,7 +248,8 @@ impl<K: Key> VariableBuilder<K> {
     /// [`RestrictPolicy::Timestamp`]), and hands it to the
     /// [`on_evict`](Self::on_evict) listener. No insert is refused:
     /// `upsert`, `restore` and `load` evict as training inserts do (a
-    /// restore past the capacity keeps about the highest-scored rows). The
+    /// restore past the capacity keeps about the highest-scored rows, and
+    /// what it evicts goes to the listener). The
     /// choice is approximate: the lowest-ranked of the rows a sweep has
     /// seen recently (see the crate docs' "Row lifecycle").
     /// Each shard holds at most its share (`rows / shards`, the first

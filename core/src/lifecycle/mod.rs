@@ -35,7 +35,8 @@ pub enum Admission {
     /// variable has one, else by [`DEFAULT_PENDING_BOUND`]; at the bound
     /// the lowest counts are dropped, so those keys are admitted late.
     /// An admitted key's count is dropped, so a key evicted later must be
-    /// counted up to `min_count` again.
+    /// counted up to `min_count` again. Explicit writes, `remove` and
+    /// `clear` leave pending counts alone.
     Exact {
         /// Training reads that admit a key (1 admits at the first read; 0
         /// is an error at build).
