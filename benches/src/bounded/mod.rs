@@ -35,8 +35,8 @@
 //! it). moka's hits are the `get`s that returned a row, counted in the
 //! timed runs. dynemb's are counted in one more run per policy, untimed,
 //! that reads each batch with `lookup_with_exists` just before its
-//! `lookup_or_insert` (a read changes no score, so the run evicts as the
-//! timed ones do); the same run counts inserts exactly (the table starts
+//! `lookup_or_insert` (a read changes no score, so the run evicts by the
+//! same scores as the timed ones); the same run counts inserts exactly (the table starts
 //! empty and only eviction removes rows: `size()` plus
 //! `lifecycle_stats().evicted`), and inserts beyond the read misses are
 //! writes that found their key evicted between its batch's read and write
@@ -44,11 +44,14 @@
 //! ids). The timed runs' `1 - inserts / ids` is in the JSON
 //! (`timed_hit_rates`). The ratios: dynemb / moka ids/s, dynemb's hit rate
 //! minus moka's and minus the exact policy's of the same score
-//! (percentage points).
+//! (percentage points). The header gives the stream's distinct ids: with
+//! no eviction every id but the first of each would hit, the bound of
+//! every hit rate.
 //!
 //! # Eviction quality
 //!
-//! HierarchicalKV's test ([`quality`]): capacity `C` (default 1,000,000),
+//! HierarchicalKV's test ([`quality`]): capacity `C` (default 1,000,000;
+//! `--quick`: 50,000),
 //! `5C` distinct keys, key `k` written `r_k` times in a row (`r_k` uniform
 //! in `1..=100`, seeded) by `upsert` in batches of `batch` writes, one
 //! thread, once with `Frequency` and once with `Timestamp`. Then every kept
