@@ -640,6 +640,8 @@ impl RowStore {
                 let rank = &ranks.row(row)[0];
                 let value = match live {
                     Some(false) => 0,
+                    // A rank that follows the score needs no load.
+                    _ if self.rank_rule == Ranks::Scores => after.saturating_add(1),
                     _ => self.rank_after(rank.load(Ordering::Relaxed), score, after, fresh),
                 };
                 rank.store(value, Ordering::Relaxed);

@@ -91,6 +91,16 @@ impl Positions<'_> {
     }
 }
 
+/// Removes `key` from `index` if it still maps to `row`: what an eviction
+/// or expiry decides under the row's lock.
+fn unlink_key(index: &Index, key: u64, row: u64) -> Unlink {
+    match index.remove_row(key, hash_key(key), row) {
+        Remove::Removed(_) => Unlink::Removed,
+        Remove::Absent => Unlink::Kept,
+        Remove::Migrating => Unlink::Retry,
+    }
+}
+
 /// Checks that a flat buffer holds whole rows of `dim` and returns how many.
 fn rows_in(buffer: usize, dim: usize, what: &'static str, keys: usize) -> Result<usize> {
     if !buffer.is_multiple_of(dim) {
@@ -329,13 +339,10 @@ impl Writer<'_, '_> {
         loop {
             let index = self.index();
             let evicted = take.then_some(&mut self.evicted);
-            let outcome = self.table.rows.unlink(row, evicted, |key, _| {
-                match index.remove_row(key, hash_key(key), row) {
-                    Remove::Removed(_) => Unlink::Removed,
-                    Remove::Absent => Unlink::Kept,
-                    Remove::Migrating => Unlink::Retry,
-                }
-            });
+            let outcome = self
+                .table
+                .rows
+                .unlink(row, evicted, |key, _| unlink_key(index, key, row));
             match outcome {
                 Unlink::Removed => {
                     index.add_deleted(1);
@@ -522,11 +529,7 @@ impl Table {
                         if score >= cutoff {
                             return Unlink::Kept;
                         }
-                        match index.remove_row(key, hash_key(key), row) {
-                            Remove::Removed(_) => Unlink::Removed,
-                            Remove::Absent => Unlink::Kept,
-                            Remove::Migrating => Unlink::Retry,
-                        }
+                        unlink_key(index, key, row)
                     });
                     match outcome {
                         Unlink::Removed => {
