@@ -10,7 +10,7 @@
 //!   arrives: the stripe then drops its lowest counts (every entry at the
 //!   lowest count, and the next lowest until a sixteenth of the stripe is
 //!   free, so making room costs a constant per key counted), and those keys
-//!   are admitted late.
+//!   are admitted late (or never, while new keys keep the stripe full).
 //! - **Sketch** counts live in a count-min sketch of `depth` rows of
 //!   `width` saturating 16-bit counters with conservative update. Every
 //!   counter of a key is at least the key's count of reads since the last

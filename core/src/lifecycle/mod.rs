@@ -33,7 +33,9 @@ pub enum Admission {
     /// A key becomes a row at its `min_count`-th training read (exact
     /// counts). The pending counts are bounded: by the capacity if the
     /// variable has one, else by [`DEFAULT_PENDING_BOUND`]; at the bound
-    /// the lowest counts are dropped, so those keys are admitted late.
+    /// the lowest counts are dropped, so those keys are admitted late, or
+    /// never while other keys keep the counter full (with a capacity of
+    /// one row, two keys read in turn push each other out for good).
     /// An admitted key's count is dropped, so a key evicted later must be
     /// counted up to `min_count` again. Explicit writes, `remove` and
     /// `clear` leave pending counts alone.
