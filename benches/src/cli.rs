@@ -80,7 +80,9 @@ pub struct Cli {
     /// 1000000, the first --dim; by default only when redis-server is
     /// installed, and not with --quick), bounded (a variable with a capacity
     /// on a Zipf training stream, LRU and LFU, against moka and exact LRU
-    /// and LFU, and its eviction quality).
+    /// and LFU, its eviction quality, and bounded-cost), bounded-cost (the
+    /// lifecycle features' cost below capacity: lookups and inserts with
+    /// each feature on and off).
     #[arg(
         long,
         value_name = "O,..",
@@ -141,6 +143,7 @@ impl Cli {
             o.checkpoint = selected.contains(&Selection::Checkpoint);
             o.redis = Some(selected.contains(&Selection::Redis));
             o.bounded = selected.contains(&Selection::Bounded);
+            o.bounded_cost = o.bounded || selected.contains(&Selection::BoundedCost);
         }
         o
     }
@@ -197,8 +200,12 @@ pub struct Options {
     pub redis: Option<bool>,
     /// `--repeats`.
     pub repeats: Option<usize>,
-    /// Whether `--ops` selects the bounded group (default: yes).
+    /// Whether `--ops` selects the bounded group's stream and eviction
+    /// quality (default: yes).
     pub bounded: bool,
+    /// Whether `--ops` selects the bounded group's cost below capacity
+    /// (default: yes; `bounded` selects it too).
+    pub bounded_cost: bool,
     /// `--bounded-ids`.
     pub bounded_ids: Option<usize>,
     /// `--bounded-capacity`.
@@ -223,6 +230,7 @@ impl Default for Options {
             redis: None,
             repeats: None,
             bounded: true,
+            bounded_cost: true,
             bounded_ids: None,
             bounded_capacity: None,
             bounded_batch: None,
@@ -243,11 +251,13 @@ enum Selection {
     Redis,
     /// The bounded group.
     Bounded,
+    /// The bounded group's cost below capacity only.
+    BoundedCost,
 }
 
 impl Selection {
     /// The names `--ops` knows, in usage order.
-    const NAMES: [&'static str; 15] = [
+    const NAMES: [&'static str; 16] = [
         "lookup",
         "miss",
         "upsert",
@@ -263,6 +273,7 @@ impl Selection {
         "apply-adam",
         "redis",
         "bounded",
+        "bounded-cost",
     ];
 
     /// The selection called `name`.
@@ -279,6 +290,7 @@ impl Selection {
             "checkpoint" => Selection::Checkpoint,
             "redis" => Selection::Redis,
             "bounded" => Selection::Bounded,
+            "bounded-cost" => Selection::BoundedCost,
             "apply" => Selection::Ops(&Op::APPLY),
             "apply-sgd" => Selection::Ops(&[Op::ApplySgd, Op::ApplySgdZipf]),
             "apply-adagrad" => Selection::Ops(&[Op::ApplyAdagrad, Op::ApplyAdagradZipf]),
@@ -291,9 +303,11 @@ impl Selection {
     fn ops(self) -> &'static [Op] {
         match self {
             Selection::Ops(ops) => ops,
-            Selection::Resize | Selection::Checkpoint | Selection::Redis | Selection::Bounded => {
-                &[]
-            }
+            Selection::Resize
+            | Selection::Checkpoint
+            | Selection::Redis
+            | Selection::Bounded
+            | Selection::BoundedCost => &[],
         }
     }
 }
@@ -342,7 +356,7 @@ impl Options {
     /// The bounded group's workload, if it runs: selected (by default it
     /// is) and dynemb among the systems.
     pub fn bounded_shape(&self) -> Option<BoundedShape> {
-        if !(self.bounded && self.systems.contains(&System::Dynemb)) {
+        if !((self.bounded || self.bounded_cost) && self.systems.contains(&System::Dynemb)) {
             return None;
         }
         let default = BoundedShape::default_for(self.quick);
@@ -359,6 +373,12 @@ impl Options {
                 .unwrap_or(default.threads),
             repeats: self.repeats.unwrap_or(default.repeats),
             quality_capacity: default.quality_capacity,
+            stream: self.bounded,
+            cost_keys: if self.bounded_cost {
+                default.cost_keys
+            } else {
+                0
+            },
         })
     }
 
@@ -656,6 +676,16 @@ mod tests {
         let b = p.bounded.unwrap();
         assert_eq!((b.ids, b.capacity, b.batch), (1000, 500, 100));
         assert_eq!((b.dim, b.threads, b.repeats), (8, 1, 3));
+        assert!(
+            b.stream && b.cost_keys == 4_000_000,
+            "bounded selects both parts"
+        );
+        let b = run(&["--ops", "bounded-cost"])
+            .unwrap()
+            .plan()
+            .bounded
+            .unwrap();
+        assert!(!b.stream && b.cost_keys == 4_000_000, "only the cost");
         assert_eq!(run(&["--ops", "lookup"]).unwrap().plan().bounded, None);
         let no_dynemb = run(&["--systems", "dashmap"]).unwrap().plan();
         assert_eq!(no_dynemb.bounded, None, "the group needs dynemb");

@@ -284,11 +284,10 @@ impl<K: Key> VariableBuilder<K> {
 
     /// LFU ageing, so keys frequent long ago do not stay forever: with
     /// [`RestrictPolicy::Frequency`] and a capacity, eviction compares
-    /// counts that the eviction sweep halves each time it passes a row
-    /// (once per sweep of the table, which takes `rows / 64` evictions of
-    /// a shard of `rows` rows: on a table taking many new keys counts
-    /// halve often, and a restore past the capacity keeps about the rows
-    /// restored last rather than the highest counts). The scores a user sees
+    /// counts that the eviction sweep halves once per about as many
+    /// evictions as a shard holds rows (as TinyLFU halves its counters once
+    /// per ten times its size of reads); a checkpoint's restore or load,
+    /// which sets the counts it writes, does not age them. The scores a user sees
     /// (`lookup_scores`, `restrict`, checkpoints, [`Evicted::scores`]) stay
     /// the count of writes. Default off: eviction compares the plain
     /// counts.

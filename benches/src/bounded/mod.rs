@@ -59,6 +59,7 @@
 //! set is, for LFU, the keys whose `r_k` is at least the `C`-th largest
 //! `r_k` (ties all count), for LRU the last `C` keys written.
 
+pub mod cost;
 pub mod exact;
 pub mod moka;
 pub mod quality;
@@ -102,11 +103,16 @@ pub struct BoundedShape {
     /// Capacity of the eviction quality test (it writes 5 times as many
     /// keys).
     pub quality_capacity: usize,
+    /// Whether the training stream and the eviction quality test run.
+    pub stream: bool,
+    /// Keys of the cost below capacity ([`cost`]); 0 skips it.
+    pub cost_keys: usize,
 }
 
 impl BoundedShape {
     /// The default shape: 100M ids into 4M rows (`quick`: 2M into 100k,
-    /// quality test at 50k), dim 16, batches of 4,096, 2 threads, one run.
+    /// quality test at 50k), dim 16, batches of 4,096, 2 threads, one run;
+    /// the cost below capacity over 4M keys (`quick`: 200k).
     pub fn default_for(quick: bool) -> BoundedShape {
         BoundedShape {
             ids: if quick { 2_000_000 } else { 100_000_000 },
@@ -116,6 +122,8 @@ impl BoundedShape {
             threads: 2,
             repeats: 1,
             quality_capacity: if quick { 50_000 } else { 1_000_000 },
+            stream: true,
+            cost_keys: if quick { 200_000 } else { 4_000_000 },
         }
     }
 }
@@ -160,6 +168,8 @@ pub struct BoundedResults {
     pub stream: Vec<StreamRow>,
     /// The eviction quality test, LFU then LRU.
     pub quality: Vec<QualityRow>,
+    /// The cost below capacity, by variant ([`cost::VARIANTS`]).
+    pub cost: Vec<cost::CostRow>,
     /// Seconds the group took, generation included.
     pub seconds: f64,
 }
@@ -190,11 +200,38 @@ pub const MOKA_POLICY: &str = "TinyLFU admission + LRU";
 /// If `shape.capacity` is not larger than `shape.batch` (a batch's rows
 /// must fit), or a table breaks its bound.
 pub fn run(shape: BoundedShape, progress: &Progress) -> BoundedResults {
+    let started = Instant::now();
+    let (distinct, stream, quality) = if shape.stream {
+        run_stream(shape, progress)
+    } else {
+        (0, Vec::new(), Vec::new())
+    };
+    let cost = if shape.cost_keys > 0 {
+        progress.note(format_args!(
+            "bounded: cost below capacity, {} keys, each feature on and off",
+            shape.cost_keys
+        ));
+        cost::run(shape.cost_keys, &shape)
+    } else {
+        Vec::new()
+    };
+    BoundedResults {
+        shape,
+        distinct,
+        stream,
+        quality,
+        cost,
+        seconds: started.elapsed().as_secs_f64(),
+    }
+}
+
+/// The training stream on every system, and the eviction quality test:
+/// the stream's distinct ids, its rows, the quality rows.
+fn run_stream(shape: BoundedShape, progress: &Progress) -> (u64, Vec<StreamRow>, Vec<QualityRow>) {
     assert!(
         shape.capacity > shape.batch,
         "capacity must exceed the batch"
     );
-    let started = Instant::now();
     progress.note(format_args!(
         "bounded: generating {} ids, Zipf({ZIPF_S}) over {UNIVERSE} ranks",
         shape.ids
@@ -282,13 +319,7 @@ pub fn run(shape: BoundedShape, progress: &Progress) -> BoundedResults {
         quality.push(q);
         release_free_memory();
     }
-    BoundedResults {
-        shape,
-        distinct,
-        stream: rows,
-        quality,
-        seconds: started.elapsed().as_secs_f64(),
-    }
+    (distinct, rows, quality)
 }
 
 /// Distinct ids of `ids`.
@@ -445,8 +476,20 @@ fn points(d: f64) -> String {
 
 /// The Markdown section of the results.
 pub fn render(r: &BoundedResults) -> String {
-    let s = &r.shape;
     let mut out = String::new();
+    if !r.stream.is_empty() {
+        render_stream(r, &mut out);
+    }
+    if !r.cost.is_empty() {
+        out.push_str(&cost::render(&r.cost, r.shape.cost_keys, &r.shape));
+    }
+    let _ = writeln!(out, "\n({:.0} s in all)", r.seconds);
+    out
+}
+
+/// The training stream's and the eviction quality's sections.
+fn render_stream(r: &BoundedResults, out: &mut String) {
+    let s = &r.shape;
     let _ = writeln!(
         out,
         "\n### bounded variable: training stream (dim {}, capacity {}, {} ids Zipf({ZIPF_S}) over \
@@ -509,8 +552,6 @@ pub fn render(r: &BoundedResults) -> String {
         );
         out.push_str(&quality::table(&r.quality));
     }
-    let _ = writeln!(out, "\n({:.0} s in all)", r.seconds);
-    out
 }
 
 #[cfg(test)]
@@ -536,6 +577,8 @@ mod tests {
             threads: 2,
             repeats: 1,
             quality_capacity: 2_000,
+            stream: true,
+            cost_keys: 2_000,
         };
         let r = run(shape, &Progress::new());
         assert_eq!(r.stream.len(), 5);
@@ -555,5 +598,7 @@ mod tests {
         assert!(text.contains("| dynemb | LRU "), "{text}");
         assert!(text.contains("| moka   | TinyLFU"), "{text}");
         assert!(text.contains("overlap"), "{text}");
+        assert_eq!(r.cost.len(), cost::VARIANTS.len());
+        assert!(text.contains("cost below capacity"), "{text}");
     }
 }

@@ -29,6 +29,7 @@
 //! and build.
 
 use super::{Admission, SKETCH_AGEING_READS};
+use crate::raw::kernels::prefetch;
 use crate::{Error, Result};
 use crossbeam_utils::CachePadded;
 use std::collections::HashMap;
@@ -341,6 +342,13 @@ impl SketchCounts {
             .map(move |row| &self.counters[row * self.width + column(base, row, self.width)])
     }
 
+    /// Prefetches the key's counters, ahead of a count or an estimate.
+    fn prefetch(&self, key: u64) {
+        for cell in self.cells(sketch_base(key)) {
+            prefetch(cell);
+        }
+    }
+
     /// The key's estimated count: the least of its counters.
     fn estimate(&self, key: u64) -> u32 {
         self.cells(sketch_base(key))
@@ -529,6 +537,17 @@ impl Admitter {
         match &self.counts {
             Counts::Exact(exact) => exact.count(key),
             Counts::Sketch(sketch) => sketch.count(key),
+        }
+    }
+
+    /// Starts bringing what counting `key` reads into cache (a sketch's
+    /// counters; exact counts live in maps with no such hint): a batch
+    /// calls it a few keys before it counts or checks a missing key.
+    pub(crate) fn prefetch(&self, key: u64) {
+        if let Counts::Sketch(sketch) = &self.counts {
+            if sketch.min_count > 1 {
+                sketch.prefetch(key);
+            }
         }
     }
 

@@ -10,16 +10,30 @@
 //! one at a time near it, like index reservations.
 //!
 //! **Victims.** Each row has a rank in a column of its own (see
-//! [`Ranks`](super::rows::Ranks)), 0 for no live row. An eviction claims
-//! the next window of [`WINDOW`] row ids from a hand that sweeps the row
-//! arena round and round (a CLOCK), reads their ranks (eight per cache
-//! line, in order), offers them to a small pool of the lowest-ranked rows
-//! seen so far (Redis's eviction pool), and evicts the pool's lowest whose
-//! rank has not changed since. A row is thus compared at least once per
-//! sweep, and a window holding many old rows hands all of them to the
-//! pool, not just its lowest. With LFU ageing the sweep halves every rank
-//! it passes. The choice is approximate: the victim is the lowest of the
-//! rows seen recently, not of the whole table.
+//! [`Ranks`](super::rows::Ranks)), 0 for no live row. Each eviction moves
+//! a hand that sweeps the row arena round and round (a CLOCK) by a window
+//! of [`WINDOW`] row ids, whose ranks (eight per cache line, in order) are
+//! offered to a small pool of the lowest-ranked rows seen so far (Redis's
+//! eviction pool); the pool's lowest whose rank has not changed since is
+//! evicted. A row is thus compared at least once per sweep, and a window
+//! holding many old rows hands all of them to the pool, not just its
+//! lowest. The choice is approximate: the victim is the lowest of the rows
+//! seen recently, not of the whole table. A writer picks up to
+//! [`MAX_VICTIMS`] victims at once (that many windows, then that many of
+//! the pool's lowest) and evicts them one per insert that needs room,
+//! skipping one whose rank changed meanwhile; picking ahead lets it
+//! prefetch their rows and index slots together, and the victims it did
+//! not come to go back to the pool when its batch ends. The table never
+//! holds fewer rows than its permits allow: a victim is evicted only when
+//! an insert needs its permit.
+//!
+//! **Ageing.** With LFU ageing, one sweep in [`AGEING_SWEEPS`] halves every
+//! rank it passes: a sweep takes about `rows / WINDOW` evictions, so ranks
+//! halve once per about `rows` evictions, as TinyLFU halves its counters
+//! once per ten times its size of reads (with a miss rate of a tenth,
+//! about as often). A checkpoint's restore or load, which sets the scores
+//! it writes, does not age: it compares them as they are, so a restore
+//! past the capacity keeps the highest.
 
 use super::rows::RowStore;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -29,8 +43,11 @@ use std::sync::{Mutex, PoisonError};
 pub(crate) const WINDOW: u64 = 64;
 /// Candidates the pool keeps.
 const POOL: usize = 64;
-/// Windows an eviction tries before it waits for rows to become live.
-const ATTEMPTS: usize = 4;
+/// Most rows one [`Bound::victims`] picks.
+pub(crate) const MAX_VICTIMS: usize = 8;
+/// With LFU ageing, one sweep of the arena in this many halves the ranks
+/// it passes (see the module docs).
+pub(crate) const AGEING_SWEEPS: u64 = 64;
 
 /// The capacity of one table (see the module docs).
 pub(crate) struct Bound {
@@ -43,26 +60,32 @@ pub(crate) struct Bound {
 }
 
 /// Candidates for eviction: up to [`POOL`] `(rank, row)` pairs, lowest rank
-/// first, each row once. Ranks are as they were when seen; a popped
-/// candidate is checked against its row's current rank.
+/// first. Ranks are as they were when seen; a popped candidate is checked
+/// against its row's current rank, so an entry gone stale (the row written,
+/// evicted or reused since) is dropped or re-ranked then. A row may hold
+/// two entries (seen by two sweeps): the second finds its rank changed.
 #[derive(Default)]
 struct Pool {
     entries: Vec<(u64, u64)>,
 }
 
 impl Pool {
-    /// Keeps `candidate` if it is among the lowest [`POOL`] (replacing an
-    /// older entry of the same row).
+    /// Keeps `candidate` if it is among the lowest [`POOL`].
+    #[inline]
     fn offer(&mut self, candidate: (u64, u64)) {
-        if self.entries.len() == POOL && candidate >= self.entries[POOL - 1] {
-            // Most rows a window offers rank above a full pool: refused at
-            // once. (An older entry of the row, if any, stays: a popped
-            // entry is checked against the row's rank anyway.)
+        if self.entries.len() == POOL && candidate.0 >= self.entries[POOL - 1].0 {
+            // Most rows a window offers rank at or above a full pool's
+            // highest (ties too: a batch's rows share a timestamp): refused
+            // at once.
             return;
         }
-        if let Some(at) = self.entries.iter().position(|&(_, row)| row == candidate.1) {
-            self.entries.remove(at);
-        }
+        self.keep(candidate);
+    }
+
+    /// Inserts `candidate` in rank order, dropping the highest entry beyond
+    /// [`POOL`].
+    #[inline(never)]
+    fn keep(&mut self, candidate: (u64, u64)) {
         let at = self.entries.partition_point(|&entry| entry < candidate);
         self.entries.insert(at, candidate);
         self.entries.truncate(POOL);
@@ -137,63 +160,128 @@ impl Bound {
         }
     }
 
-    /// Evicts one row: scans the next window of the sweep into the pool
-    /// of candidates, then evicts the pool's lowest-ranked row whose rank
-    /// is still what the pool holds (a row written since goes back with its
-    /// new rank). `try_evict(row)` evicts a row, or says it could not (the
-    /// row died or changed hands meanwhile). False if a few windows gave
-    /// nothing to evict.
-    pub(crate) fn evict(&self, rows: &RowStore, mut try_evict: impl FnMut(u64) -> bool) -> bool {
-        for _ in 0..ATTEMPTS {
-            let end = rows.high_water();
-            if end == 0 {
-                return false;
-            }
-            let start = self.hand.fetch_add(WINDOW, Ordering::Relaxed) % end;
+    /// Picks up to `want` (at most [`MAX_VICTIMS`]) rows to evict into
+    /// `out`, as `(rank, row)`: scans the next `want` windows of the sweep into the pool of
+    /// candidates, then takes the pool's lowest-ranked rows whose rank is
+    /// still what the pool holds (a row written since goes back with its
+    /// new rank). The caller evicts them in order, each only if its rank is
+    /// unchanged and it is still live and mapped to its key, and gives back
+    /// those it did not come to ([`Bound::put_back`]). Leaves `out` empty
+    /// if no window held a live row.
+    /// `ages`: whether the scan halves ranks on an ageing sweep (see the
+    /// module docs).
+    pub(crate) fn victims(
+        &self,
+        rows: &RowStore,
+        ages: bool,
+        want: usize,
+        out: &mut Vec<(u64, u64)>,
+    ) {
+        out.clear();
+        let want = want.clamp(1, MAX_VICTIMS);
+        let end = rows.high_water();
+        if end == 0 {
+            return;
+        }
+        let first = self.hand.fetch_add(WINDOW * want as u64, Ordering::Relaxed);
+        let mut seen = [(0u64, 0u64); WINDOW as usize * MAX_VICTIMS];
+        let mut found = 0;
+        for w in 0..want as u64 {
+            let hand = first.wrapping_add(w * WINDOW);
+            let start = hand % end;
             let stop = (start + WINDOW).min(end);
-            let mut window = [(0u64, 0u64); WINDOW as usize];
-            let mut found = 0;
+            let ageing = self.decay && ages && (hand / end).is_multiple_of(AGEING_SWEEPS);
             for row in start..stop {
                 let rank = rows.rank(row);
                 if rank == 0 {
                     continue;
                 }
-                if self.decay {
+                if ageing {
                     rows.age_rank(row, rank);
                 }
-                window[found] = (rank, row);
+                seen[found] = (rank, row);
                 found += 1;
             }
-            let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
-            for &candidate in &window[..found] {
-                pool.offer(candidate);
-            }
-            drop(pool);
-            // The pool's lock is not held while a row is evicted (that
-            // waits for the row's lock, which a writer may hold).
-            while let Some(row) = self.next_candidate(rows) {
-                if try_evict(row) {
-                    return true;
-                }
-            }
         }
-        false
-    }
-
-    /// Takes the pool's lowest-ranked candidate whose rank is still what
-    /// the pool holds (a dead row is dropped, a row written since goes
-    /// back with its new rank).
-    fn next_candidate(&self, rows: &RowStore) -> Option<u64> {
         let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
-        while let Some((rank, row)) = pool.pop() {
+        for &candidate in &seen[..found] {
+            pool.offer(candidate);
+        }
+        while out.len() < want {
+            let Some((rank, row)) = pool.pop() else {
+                break;
+            };
             let now = rows.rank(row);
             if now == rank {
-                return Some(row);
-            }
-            if now != 0 {
+                out.push((rank, row));
+            } else if now != 0 {
                 pool.offer((now, row));
             }
         }
-        None
+    }
+
+    /// Returns picked victims a batch did not evict to the pool.
+    pub(crate) fn put_back(&self, victims: &[(u64, u64)]) {
+        if victims.is_empty() {
+            return;
+        }
+        let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
+        for &candidate in victims {
+            pool.offer(candidate);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pool_keeps_the_lowest_ranks_and_pops_them_in_order() {
+        let mut pool = Pool::default();
+        for row in 0..200u64 {
+            // Ranks 199 down to 0, rows alike.
+            pool.offer((199 - row, row));
+        }
+        assert_eq!(pool.entries.len(), POOL);
+        let popped: Vec<u64> = std::iter::from_fn(|| pool.pop())
+            .map(|(rank, _)| rank)
+            .collect();
+        assert_eq!(popped, (0..POOL as u64).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_full_pool_refuses_a_rank_tied_with_its_highest() {
+        let mut pool = Pool::default();
+        for row in 0..POOL as u64 {
+            pool.offer((5, 100 + row));
+        }
+        pool.offer((5, 1));
+        assert!(
+            pool.entries.iter().all(|&(_, row)| row >= 100),
+            "a tie is refused"
+        );
+        pool.offer((4, 1));
+        assert_eq!(pool.pop(), Some((4, 1)), "a lower rank is kept");
+        assert_eq!(pool.entries.len(), POOL - 1);
+    }
+
+    #[test]
+    fn permits_come_a_few_at_a_time_then_one_and_never_beyond_capacity() {
+        let bound = Bound::new(100, false);
+        let mut taken = 0;
+        while taken < 100 {
+            let n = bound.take();
+            assert!(n >= 1, "room left");
+            taken += n;
+        }
+        assert_eq!(taken, 100);
+        assert_eq!(bound.take(), 0, "full");
+        bound.release(3);
+        assert_eq!(bound.occupied(), 97);
+        assert_eq!(
+            (bound.take(), bound.take(), bound.take(), bound.take()),
+            (1, 1, 1, 0)
+        );
     }
 }

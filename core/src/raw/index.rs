@@ -237,6 +237,16 @@ impl Index {
         self.tags[self.first_group(hash)].as_ptr().cast()
     }
 
+    /// Prefetches the slots of a key's first group whose tags match its
+    /// hash (the tag group is read: it should be in cache or on its way).
+    #[inline]
+    pub(crate) fn prefetch_slots(&self, hash: u64) {
+        let group = self.first_group(hash);
+        for slot in self.load_tags(group).match_present(tags::h6(hash)) {
+            prefetch(self.slot(group, slot));
+        }
+    }
+
     #[inline]
     fn load_tags(&self, group: usize) -> GroupTags {
         let words = &self.tags[group];

@@ -120,6 +120,10 @@ impl Table {
                         }
                         Access::Remove => prefetch(address),
                     }
+                } else if let (Access::Write(_), Some(admitter)) = (access, &self.admitter) {
+                    // A missing key's write counts or checks it for
+                    // admission first.
+                    admitter.prefetch(keys[j]);
                 }
             }
             if let Some(j) = step.checked_sub(TAGS_AHEAD) {

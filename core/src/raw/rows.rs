@@ -354,7 +354,8 @@ pub(crate) enum Ranks {
     /// The rank follows the row's score (a timestamp, or a count of
     /// writes).
     Scores,
-    /// A count of writes that the sweep halves as it passes (LFU ageing);
+    /// A count of writes that an ageing sweep halves as it passes (LFU
+    /// ageing, see [`Bound`](super::bound::Bound));
     /// the row's score stays the plain count.
     DecayedCounts,
 }
@@ -467,6 +468,16 @@ impl RowStore {
         for column in std::iter::once(&self.main).chain(slot_columns()) {
             column.prefault(start..end);
         }
+    }
+
+    /// The key `row` holds, read without its lock: a hint (for
+    /// prefetching), which a concurrent write may make stale. `None` if the
+    /// row's segment is not allocated.
+    #[inline]
+    pub(crate) fn key_hint(&self, row: u64) -> Option<u64> {
+        self.main
+            .try_row(row)
+            .map(|words| words[1].load(Ordering::Relaxed))
     }
 
     /// Address and size of a row, for prefetching.

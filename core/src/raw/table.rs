@@ -16,10 +16,10 @@
 //! every other writer that runs into the migration; readers keep reading the
 //! old index and follow `next` for keys already moved, so they never wait.
 
-use super::bound::Bound;
+use super::bound::{Bound, MAX_VICTIMS};
 use super::epoch::Epoch;
 use super::index::{hash_key, FirstGroup, Index, Insert, Remove, MIN_CAPACITY};
-use super::kernels::{add_row_if_finite, prefetch_span};
+use super::kernels::{add_row_if_finite, prefetch, prefetch_span};
 use super::pipeline::Access;
 use super::rows::{Ranks, RowCache, RowStore, Score, Unlink, MAX_ROWS, MAX_SLOTS};
 use super::sync::Spin;
@@ -43,6 +43,9 @@ const MIGRATE_SLOTS_AHEAD: usize = 2;
 const EXPORT_PREFETCH: u64 = 4;
 /// Row ids one pin of an expiry scan covers.
 const EXPIRE_CHUNK: u64 = 4096;
+/// Picks of victims an insert into a full table tries before it waits for
+/// the permits of batches in flight.
+const EVICT_ATTEMPTS: usize = 4;
 /// Row id meaning "not found".
 pub(super) const MISSING: u64 = u64::MAX;
 
@@ -127,7 +130,7 @@ pub struct Table {
     /// The capacity, if bounded.
     bound: Option<Bound>,
     /// Admission counts, if keys are admitted after a few training reads.
-    admitter: Option<Arc<Admitter>>,
+    pub(super) admitter: Option<Arc<Admitter>>,
     /// Receives evicted rows.
     listener: Option<ShardListener>,
     /// Rows evicted so far.
@@ -221,6 +224,13 @@ struct Writer<'t, 'g> {
     retired: Vec<u64>,
     /// Training reads of keys not admitted.
     not_admitted: u64,
+    /// Rows picked for eviction, `(rank, row)`, and how many of them were
+    /// taken; those left go back to the pool at the batch's end.
+    victims: Vec<(u64, u64)>,
+    next_victim: usize,
+    /// Whether this batch's evictions may age LFU ranks (see [`Bound`]):
+    /// all but a checkpoint's, which sets the scores it writes.
+    ages: bool,
 }
 
 impl<'t, 'g> Writer<'t, 'g> {
@@ -236,6 +246,9 @@ impl<'t, 'g> Writer<'t, 'g> {
             evicted: EvictedRows::default(),
             retired: Vec::new(),
             not_admitted: 0,
+            victims: Vec::new(),
+            next_victim: 0,
+            ages: true,
         }
     }
 
@@ -264,10 +277,11 @@ impl<'t, 'g> Writer<'t, 'g> {
         hash: u64,
         fill: impl FnOnce(u64),
     ) -> Result<(u64, bool)> {
-        if self.table.bound.is_some() {
+        if self.table.bound.is_some() && self.permits == 0 {
             // The caller's probe may be stale (an earlier occurrence of the
             // key in this batch inserted it since): look again before
-            // taking a permit, which may evict a row.
+            // taking a permit, which may evict a row. (A permit held
+            // already is kept if the insert finds the key.)
             if let Some(existing) = self.table.find(self.index(), key, hash, self.guard) {
                 return Ok((existing, false));
             }
@@ -309,25 +323,79 @@ impl<'t, 'g> Writer<'t, 'g> {
 
 impl Writer<'_, '_> {
     /// Makes sure this batch holds a permit for one more key in a bounded
-    /// table: takes some if there is room, else evicts a row and takes
-    /// its permit (see [`Bound`]).
+    /// table: takes some if there is room, else evicts a row and takes its
+    /// permit (see [`Bound`]). Victims are picked a few at a time and
+    /// prefetched ahead of their evictions, so those misses overlap.
     fn take_permit(&mut self) {
         let Some(bound) = &self.table.bound else {
             return;
         };
         let spin = Spin::new();
+        let mut empty_picks = 0;
         while self.permits == 0 {
             self.permits = bound.take();
             if self.permits > 0 {
                 return;
             }
-            if bound.evict(&self.table.rows, |row| self.evict(row)) {
-                self.permits = 1;
-                return;
+            if let Some(row) = self.next_victim() {
+                if self.evict(row) {
+                    self.permits = 1;
+                }
+                continue;
             }
-            // Every permit is held by batches in flight: wait for them.
-            spin.wait();
+            bound.victims(&self.table.rows, self.ages, MAX_VICTIMS, &mut self.victims);
+            self.next_victim = 0;
+            if self.victims.is_empty() {
+                empty_picks += 1;
+                if empty_picks == EVICT_ATTEMPTS {
+                    // Every permit is held by batches in flight: wait for
+                    // them.
+                    spin.wait();
+                    empty_picks = 0;
+                }
+            } else {
+                self.prefetch_victims();
+            }
         }
+    }
+
+    /// Prefetches the first line of every picked victim, then their keys'
+    /// tag groups, then the first one's index slots.
+    fn prefetch_victims(&self) {
+        let rows = &self.table.rows;
+        for &(_, row) in &self.victims {
+            prefetch(rows.row_span(row).0);
+        }
+        let index = self.index();
+        for &(_, row) in &self.victims {
+            if let Some(key) = rows.key_hint(row) {
+                prefetch(index.tags_address(hash_key(key)));
+            }
+        }
+        self.prefetch_victim_slots(0);
+    }
+
+    /// Prefetches the index slots of picked victim `i`, if any.
+    fn prefetch_victim_slots(&self, i: usize) {
+        if let Some(&(_, row)) = self.victims.get(i) {
+            if let Some(key) = self.table.rows.key_hint(row) {
+                self.index().prefetch_slots(hash_key(key));
+            }
+        }
+    }
+
+    /// The next picked victim whose rank is still the one it was picked
+    /// with (a row written since is skipped: it is no longer among the
+    /// lowest).
+    fn next_victim(&mut self) -> Option<u64> {
+        while let Some(&(rank, row)) = self.victims.get(self.next_victim) {
+            self.next_victim += 1;
+            self.prefetch_victim_slots(self.next_victim);
+            if self.table.rows.rank(row) == rank {
+                return Some(row);
+            }
+        }
+        None
     }
 
     /// Evicts `row` if it is still live: unlinks its key from the index
@@ -376,6 +444,7 @@ impl Drop for Writer<'_, '_> {
             .fetch_add(self.inserted - evicted, Ordering::Relaxed);
         if let Some(bound) = &self.table.bound {
             bound.release(self.permits);
+            bound.put_back(&self.victims[self.next_victim.min(self.victims.len())..]);
         }
         self.table
             .evicted
@@ -1193,6 +1262,7 @@ impl Table {
         }
         let batch_score = self.batch_score();
         self.write_batch(keys, &[], |writer, i, key, hash, found| {
+            writer.ages = scores.is_none();
             let pos = positions.of(i);
             let at = pos * dim;
             let src = &values[at..at + dim];
