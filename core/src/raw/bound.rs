@@ -19,21 +19,23 @@
 //! holding many old rows hands all of them to the pool, not just its
 //! lowest. The choice is approximate: the victim is the lowest of the rows
 //! seen recently, not of the whole table. A writer picks up to
-//! [`MAX_VICTIMS`] victims at once (that many windows, then that many of
-//! the pool's lowest) and evicts them one per insert that needs room,
+//! [`MAX_VICTIMS`] victims at once, no more than its batch has keys left
+//! (that many windows, then that many of the pool's lowest, each row once)
+//! and evicts them one per insert that needs room,
 //! skipping one whose rank changed meanwhile; picking ahead lets it
 //! prefetch their rows and index slots together, and the victims it did
 //! not come to go back to the pool when its batch ends. The table never
 //! holds fewer rows than its permits allow: a victim is evicted only when
 //! an insert needs its permit.
 //!
-//! **Ageing.** With LFU ageing, one sweep in [`AGEING_SWEEPS`] halves every
-//! rank it passes: a sweep takes about `rows / WINDOW` evictions, so ranks
-//! halve once per about `rows` evictions, as TinyLFU halves its counters
+//! **Ageing.** With LFU ageing, one sweep in [`AGEING_SWEEPS`] (the last of
+//! each run of that many) halves every rank it passes: a sweep takes about
+//! `rows / WINDOW` evictions, so ranks halve once per about `rows`
+//! evictions (more often where writes pick victims they do not all use), as TinyLFU halves its counters
 //! once per ten times its size of reads (with a miss rate of a tenth,
-//! about as often). A checkpoint's restore or load, which sets the scores
-//! it writes, does not age: it compares them as they are, so a restore
-//! past the capacity keeps the highest.
+//! about as often). A checkpoint's restore or load that sets the scores it
+//! writes (its policy is the variable's) does not age: it compares them as
+//! they are, so a restore past the capacity keeps the highest.
 
 use super::rows::RowStore;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -178,11 +180,14 @@ impl Bound {
         out: &mut Vec<(u64, u64)>,
     ) {
         out.clear();
-        let want = want.clamp(1, MAX_VICTIMS);
         let end = rows.high_water();
         if end == 0 {
             return;
         }
+        // No more windows than the arena holds: they would overlap.
+        let want = want
+            .clamp(1, MAX_VICTIMS)
+            .min(end.div_ceil(WINDOW) as usize);
         let first = self.hand.fetch_add(WINDOW * want as u64, Ordering::Relaxed);
         let mut seen = [(0u64, 0u64); WINDOW as usize * MAX_VICTIMS];
         let mut found = 0;
@@ -190,7 +195,7 @@ impl Bound {
             let hand = first.wrapping_add(w * WINDOW);
             let start = hand % end;
             let stop = (start + WINDOW).min(end);
-            let ageing = self.decay && ages && (hand / end).is_multiple_of(AGEING_SWEEPS);
+            let ageing = self.decay && ages && (hand / end) % AGEING_SWEEPS == AGEING_SWEEPS - 1;
             for row in start..stop {
                 let rank = rows.rank(row);
                 if rank == 0 {
@@ -213,7 +218,10 @@ impl Bound {
             };
             let now = rows.rank(row);
             if now == rank {
-                out.push((rank, row));
+                // The pool may hold a row twice (seen by two sweeps).
+                if !out.iter().any(|&(_, picked)| picked == row) {
+                    out.push((rank, row));
+                }
             } else if now != 0 {
                 pool.offer((now, row));
             }

@@ -228,6 +228,9 @@ struct Writer<'t, 'g> {
     /// taken; those left go back to the pool at the batch's end.
     victims: Vec<(u64, u64)>,
     next_victim: usize,
+    /// Keys of the batch from the one being written on: the most inserts
+    /// it may still need room for.
+    keys_left: usize,
     /// Whether this batch's evictions may age LFU ranks (see [`Bound`]):
     /// all but a checkpoint's, which sets the scores it writes.
     ages: bool,
@@ -248,6 +251,7 @@ impl<'t, 'g> Writer<'t, 'g> {
             not_admitted: 0,
             victims: Vec::new(),
             next_victim: 0,
+            keys_left: 1,
             ages: true,
         }
     }
@@ -331,7 +335,7 @@ impl Writer<'_, '_> {
             return;
         };
         let spin = Spin::new();
-        let mut empty_picks = 0;
+        let mut fruitless_picks = 0;
         while self.permits == 0 {
             self.permits = bound.take();
             if self.permits > 0 {
@@ -343,19 +347,19 @@ impl Writer<'_, '_> {
                 }
                 continue;
             }
-            bound.victims(&self.table.rows, self.ages, MAX_VICTIMS, &mut self.victims);
-            self.next_victim = 0;
-            if self.victims.is_empty() {
-                empty_picks += 1;
-                if empty_picks == EVICT_ATTEMPTS {
-                    // Every permit is held by batches in flight: wait for
-                    // them.
-                    spin.wait();
-                    empty_picks = 0;
-                }
-            } else {
-                self.prefetch_victims();
+            if fruitless_picks == EVICT_ATTEMPTS {
+                // Every permit is held by batches in flight (or every row
+                // seen is still being inserted): wait for them.
+                spin.wait();
+                fruitless_picks = 0;
             }
+            // As many victims as the batch may still insert keys, at most
+            // a few: a one-key write picks one.
+            let want = self.keys_left.clamp(1, MAX_VICTIMS);
+            bound.victims(&self.table.rows, self.ages, want, &mut self.victims);
+            self.next_victim = 0;
+            self.prefetch_victims();
+            fruitless_picks += 1;
         }
     }
 
@@ -1310,7 +1314,10 @@ impl Table {
             &mut writer,
             |writer| writer.index(),
             Access::Write(slots),
-            |writer, i, key, hash, found| op(writer, i, key, hash, found),
+            |writer, i, key, hash, found| {
+                writer.keys_left = keys.len() - i;
+                op(writer, i, key, hash, found)
+            },
         );
         let resized = writer.index != started_in;
         let evicted = std::mem::take(&mut writer.evicted);
