@@ -22,9 +22,11 @@ use std::time::Duration;
 const DIM: usize = 4;
 const BUCKETS: u32 = 8;
 /// The first wait for a reply; the server stays frozen for longer, and is
-/// thawed well before the batch's deadline (twice this).
-const COMMAND: Duration = Duration::from_secs(2);
-const FROZEN: Duration = Duration::from_millis(3000);
+/// thawed well before the batch's deadline (twice this). The margins on
+/// both sides (1.5 s) leave room for a loaded machine: the write must
+/// start waiting within them of the freeze for its first wait to time out.
+const COMMAND: Duration = Duration::from_secs(3);
+const FROZEN: Duration = Duration::from_millis(4500);
 
 fn config(server: &Server, form: Form) -> RedisConfig {
     form.config(RedisConfig {
