@@ -43,12 +43,9 @@ impl Rng {
     }
 }
 
+/// Whether `key` is a row of `var`.
 fn present(var: &Variable<u64>, key: u64) -> bool {
-    let mut out = vec![0.0; var.dim()];
-    let mut exists = [false];
-    var.lookup_with_exists(&[key], &mut out, &mut exists)
-        .unwrap();
-    exists[0]
+    dynemb_test_support::present(var, &[key])[0]
 }
 
 /// Runs 4 threads of mixed writes (shared keys, repeated keys in a batch,

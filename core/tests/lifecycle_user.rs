@@ -59,11 +59,7 @@ fn recorder() -> (
 
 /// Whether `key` is a row of `var`.
 fn present(var: &Variable<u64>, key: u64) -> bool {
-    let mut out = vec![0.0; var.dim()];
-    let mut exists = [false];
-    var.lookup_with_exists(&[key], &mut out, &mut exists)
-        .unwrap();
-    exists[0]
+    dynemb_test_support::present(var, &[key])[0]
 }
 
 /// One training read of `key`.

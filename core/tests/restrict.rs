@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use dynemb::{Error, Initializer, Key, Partitioner, RestrictPolicy, Variable};
+use dynemb_test_support::present;
 
 // ---------------------------------------------------------------- helpers
 
@@ -37,14 +38,6 @@ fn scores<K: Key>(v: &Variable<K>, keys: &[K]) -> Vec<u64> {
 
 fn score<K: Key>(v: &Variable<K>, key: K) -> u64 {
     scores(v, &[key])[0]
-}
-
-fn present<K: Key>(v: &Variable<K>, keys: &[K]) -> Vec<bool> {
-    let mut out = vec![0.0; keys.len() * v.dim()];
-    let mut exists = vec![false; keys.len()];
-    v.lookup_with_exists(keys, &mut out, &mut exists)
-        .expect("lookup_with_exists");
-    exists
 }
 
 /// The variable's keys, sorted.

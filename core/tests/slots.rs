@@ -19,6 +19,7 @@ use std::collections::{HashMap, HashSet};
 
 use dynemb::raw::{ExportColumns, Positions, Table};
 use dynemb::{Error, Initializer, Key, RestrictPolicy, SlotId, Variable, MAX_SLOTS};
+use dynemb_test_support::present;
 
 // ---------------------------------------------------------------- helpers
 
@@ -44,15 +45,6 @@ fn slot_rows<K: Key>(v: &Variable<K>, slot: SlotId, keys: &[K]) -> Vec<f32> {
     let mut out = vec![f32::NAN; keys.len() * v.dim()];
     v.lookup_slot(slot, keys, &mut out).expect("lookup_slot");
     out
-}
-
-/// Whether each key is present.
-fn present<K: Key>(v: &Variable<K>, keys: &[K]) -> Vec<bool> {
-    let mut out = vec![0.0; keys.len() * v.dim()];
-    let mut exists = vec![false; keys.len()];
-    v.lookup_with_exists(keys, &mut out, &mut exists)
-        .expect("lookup_with_exists");
-    exists
 }
 
 fn scores<K: Key>(v: &Variable<K>, keys: &[K]) -> Vec<u64> {

@@ -15,3 +15,16 @@ pub mod contract;
 #[cfg(feature = "redis")]
 pub mod servers;
 pub mod skip;
+
+/// Whether each of `keys` is in `var` (`lookup_with_exists`, which counts
+/// nothing and moves no score).
+///
+/// # Panics
+/// If the lookup fails.
+pub fn present<K: dynemb::Key>(var: &dynemb::Variable<K>, keys: &[K]) -> Vec<bool> {
+    let mut out = vec![0.0; keys.len() * var.dim()];
+    let mut exists = vec![false; keys.len()];
+    var.lookup_with_exists(keys, &mut out, &mut exists)
+        .expect("lookup_with_exists");
+    exists
+}

@@ -448,7 +448,7 @@ impl Drop for Writer<'_, '_> {
             .fetch_add(self.inserted - evicted, Ordering::Relaxed);
         if let Some(bound) = &self.table.bound {
             bound.release(self.permits);
-            bound.put_back(&self.victims[self.next_victim.min(self.victims.len())..]);
+            bound.put_back(&self.victims[self.next_victim..]);
         }
         self.table
             .evicted
@@ -964,7 +964,7 @@ impl Table {
         let rows = rows_in(out.len(), dim, "out", keys.len())?;
         positions.check(keys.len(), rows, "out", dim)?;
         let score = self.batch_score();
-        self.write_batch(keys, &[], |writer, i, key, hash, found| {
+        self.write_batch(keys, &[], true, |writer, i, key, hash, found| {
             let at = positions.of(i) * dim;
             let dst = &mut out[at..at + dim];
             if found != MISSING {
@@ -1041,7 +1041,7 @@ impl Table {
         // (not one another writer re-inserted meanwhile) gets later deltas.
         let mut inserted_here = HashMap::with_hasher(ahash::RandomState::with_seeds(1, 2, 3, 4));
         let score = self.batch_score();
-        self.write_batch(keys, &[], |writer, i, key, hash, found| {
+        self.write_batch(keys, &[], true, |writer, i, key, hash, found| {
             let p = positions.of(i);
             let delta = &deltas[p * dim..(p + 1) * dim];
             let mut overflow = None;
@@ -1175,7 +1175,7 @@ impl Table {
             .map(|&slot| self.slot_initial(slot).unwrap_or_default())
             .collect();
         let mut scratch = vec![0.0; dim * (1 + slots.len())];
-        self.write_batch(keys, slots, |writer, i, key, hash, found| {
+        self.write_batch(keys, slots, true, |writer, i, key, hash, found| {
             let pos = positions.of(i);
             let mut row = found;
             loop {
@@ -1265,8 +1265,9 @@ impl Table {
             }
         }
         let batch_score = self.batch_score();
-        self.write_batch(keys, &[], |writer, i, key, hash, found| {
-            writer.ages = scores.is_none();
+        // A checkpoint's write sets the scores: its evictions do not age.
+        let ages = scores.is_none();
+        self.write_batch(keys, &[], ages, |writer, i, key, hash, found| {
             let pos = positions.of(i);
             let at = pos * dim;
             let src = &values[at..at + dim];
@@ -1298,15 +1299,18 @@ impl Table {
     /// pipeline saw it a few keys earlier (or `MISSING`): an op may use it,
     /// but must allow for the key having been removed since (a dead row
     /// refuses [`RowStore::update`](super::rows::RowStore::update)) or
-    /// inserted since.
+    /// inserted since. `ages`: whether the batch's evictions may age LFU
+    /// ranks (see [`Bound`]).
     fn write_batch(
         &self,
         keys: &[u64],
         slots: &[usize],
+        ages: bool,
         mut op: impl FnMut(&mut Writer<'_, '_>, usize, u64, u64, u64) -> Result<()>,
     ) -> Result<()> {
         let guard = self.epoch.pin();
         let mut writer = Writer::new(self, &guard);
+        writer.ages = ages;
         let started_in = writer.index;
         let result = self.pipelined(
             keys,
