@@ -5,7 +5,7 @@
 //! [`Error`] a caller can match on, naming the argument.
 
 use crate::raw::kernels::first_non_finite;
-use crate::{Error, RestrictPolicy, Result, SlotId, MAX_SLOTS};
+use crate::{Dtype, Error, RestrictPolicy, Result, SlotId, MAX_SLOTS};
 
 /// `Ok` if a buffer called `what` holds `expected` items, else
 /// [`Error::LengthMismatch`].
@@ -41,6 +41,22 @@ pub fn check_finite(what: &'static str, values: &[f32]) -> Result<()> {
             what,
             index,
             value: values[index],
+        }),
+    }
+}
+
+/// `Ok` if every value of `values` (called `what`) is finite and fits
+/// `dtype` (see [`Dtype::fits`]), else [`Error::NonFinite`] or
+/// [`Error::OutOfRange`] naming the first one that is not.
+pub fn check_fits(what: &'static str, values: &[f32], dtype: Dtype) -> Result<()> {
+    check_finite(what, values)?;
+    match dtype.first_out_of_range(values) {
+        None => Ok(()),
+        Some(index) => Err(Error::OutOfRange {
+            what,
+            index,
+            value: values[index],
+            dtype,
         }),
     }
 }

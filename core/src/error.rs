@@ -53,6 +53,20 @@ pub enum Error {
         /// The offending value.
         value: f32,
     },
+    /// A finite value that does not fit the dtype it would be stored in
+    /// (`70000.0` in an f16 column; see [`Dtype::fits`](crate::Dtype::fits)).
+    #[error("{what}: element {index} ({value}) does not fit {dtype}")]
+    OutOfRange {
+        /// Which argument or result held the value (`"values"`, `"accum result"`).
+        what: &'static str,
+        /// Position of the first offending element (or key, for a result
+        /// refused per row).
+        index: usize,
+        /// The offending value.
+        value: f32,
+        /// The dtype it does not fit.
+        dtype: crate::Dtype,
+    },
     /// The table cannot grow any further (more rows than a shard can address).
     #[error("capacity exceeded: a shard holds at most {max_rows} rows")]
     CapacityExceeded {

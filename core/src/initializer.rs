@@ -180,6 +180,23 @@ impl Initializer {
         }
     }
 
+    /// The largest magnitude of any value the initializer makes (for
+    /// settings [`Initializer::validate`] accepts): what a value dtype
+    /// must hold for every initial row to fit it.
+    pub fn max_magnitude(&self) -> f32 {
+        let normal = |mean: f32, stddev: f32, z: f32| {
+            (mean + stddev * z).abs().max((mean - stddev * z).abs())
+        };
+        match self {
+            Self::Zeros => 0.0,
+            Self::Constant(value) => value.abs(),
+            Self::Values(row) => row.iter().fold(0.0, |m, v| m.max(v.abs())),
+            Self::RandomNormal { mean, stddev, .. } => normal(*mean, *stddev, Self::NORMAL_Z_BOUND),
+            Self::TruncatedNormal { mean, stddev, .. } => normal(*mean, *stddev, TRUNCATE_AT),
+            Self::RandomUniform { low, high, .. } => low.abs().max(high.abs()),
+        }
+    }
+
     /// Writes the initial row of the key whose 64-bit pattern is `key_bits`
     /// into `out`.
     ///

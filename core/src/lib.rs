@@ -3,6 +3,7 @@
 
 pub mod checkpoint;
 pub mod checks;
+mod dtype;
 mod error;
 mod initializer;
 mod key;
@@ -21,6 +22,7 @@ mod store;
 mod table;
 mod variable;
 
+pub use dtype::{Dtype, Rounding};
 pub use error::{BackendErrorKind, Error, Result};
 pub use initializer::Initializer;
 pub use key::Key;

@@ -10,7 +10,10 @@
 //! docs (a local [`Variable`] takes them all).
 
 use crate::lifecycle::{Admission, EvictListener, Evicted};
-use crate::{Error, Initializer, Key, Partitioner, RestrictPolicy, Result, Variable, MAX_DIM};
+use crate::{
+    Dtype, Error, Initializer, Key, Partitioner, RestrictPolicy, Result, Rounding, Variable,
+    MAX_DIM,
+};
 use std::marker::PhantomData;
 
 /// Most shards a variable may have.
@@ -50,12 +53,19 @@ pub struct TableOptions {
     /// Whether eviction ages frequencies (see
     /// [`VariableBuilder::frequency_decay`]).
     pub frequency_decay: bool,
+    /// How values are stored (see [`VariableBuilder::value_dtype`]).
+    pub value_dtype: Dtype,
+    /// How optimizer slots are stored (see [`VariableBuilder::slot_dtype`]).
+    pub slot_dtype: Dtype,
+    /// How optimizer steps round to half precision (see
+    /// [`VariableBuilder::rounding`]).
+    pub rounding: Rounding,
 }
 
 impl Default for TableOptions {
     /// Dim 1, one shard, [`Partitioner::Modulo`], [`Initializer::Zeros`],
     /// no size hint, trainable, checkpointed, no restrict policy, no
-    /// capacity, admission, listener or decay.
+    /// capacity, admission, listener or decay, `f32` values and slots.
     fn default() -> Self {
         TableOptions {
             dim: 1,
@@ -70,6 +80,9 @@ impl Default for TableOptions {
             admission: None,
             on_evict: None,
             frequency_decay: false,
+            value_dtype: Dtype::F32,
+            slot_dtype: Dtype::F32,
+            rounding: Rounding::NearestEven,
         }
     }
 }
@@ -83,8 +96,9 @@ impl TableOptions {
     /// admission's `min_count` is at least 1 (a sketch's at most
     /// `u16::MAX`, its width and depth at least 1, depth at most 16), and
     /// the listener and decay have a capacity to act on (decay also needs
-    /// [`RestrictPolicy::Frequency`]). An [`Error::InvalidArgument`] names
-    /// the setting.
+    /// [`RestrictPolicy::Frequency`]), and every row the initializer makes
+    /// fits the value dtype ([`Initializer::max_magnitude`]). An
+    /// [`Error::InvalidArgument`] names the setting.
     pub fn check(&self, name: &str) -> Result<()> {
         crate::check_name("variable name", name)?;
         if !(1..=MAX_DIM).contains(&self.dim) {
@@ -100,6 +114,14 @@ impl TableOptions {
             )));
         }
         self.initializer.validate(self.dim)?;
+        let largest = self.initializer.max_magnitude();
+        if !self.value_dtype.fits(largest) {
+            return Err(Error::InvalidArgument(format!(
+                "variable {name:?}: the initializer makes values up to {largest}, \
+                 which do not fit the value dtype {}",
+                self.value_dtype
+            )));
+        }
         self.check_lifecycle(name)
     }
 
@@ -294,6 +316,35 @@ impl<K: Key> VariableBuilder<K> {
     /// counts.
     pub fn frequency_decay(mut self, yes: bool) -> Self {
         self.options.frequency_decay = yes;
+        self
+    }
+
+    /// Stores values as `dtype` (default [`Dtype::F32`], TFRA's
+    /// `value_dtype`). The API stays `f32`: values are rounded to nearest
+    /// even when written and widened when read, and the row a missing key
+    /// reads is the initializer's rounded the same way (the row training
+    /// inserts). A value that does not fit the dtype is an
+    /// [`Error::OutOfRange`] that writes nothing (see [`Dtype`]).
+    pub fn value_dtype(mut self, dtype: Dtype) -> Self {
+        self.options.value_dtype = dtype;
+        self
+    }
+
+    /// Stores optimizer slots (Adam's `m` and `v`, ...) as `dtype`
+    /// (default [`Dtype::F32`]), independently of the values: a slot's
+    /// initial value is rounded to it, and an update that leaves a slot
+    /// value out of its range is refused for that row. In f16, values
+    /// below about `6e-8` round to zero: Adam's `v` (squared gradients)
+    /// can vanish there, so bf16, with `f32`'s range, suits slots better.
+    pub fn slot_dtype(mut self, dtype: Dtype) -> Self {
+        self.options.slot_dtype = dtype;
+        self
+    }
+
+    /// How optimizer steps round what they write to bf16 columns (default
+    /// [`Rounding::NearestEven`]; see [`Rounding::Stochastic`]).
+    pub fn rounding(mut self, rounding: Rounding) -> Self {
+        self.options.rounding = rounding;
         self
     }
 

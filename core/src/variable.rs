@@ -56,13 +56,14 @@
 //! is in flight.
 
 use crate::checkpoint;
-use crate::checks::{batch_len, check_finite, check_len, check_slot_list};
+use crate::checks::{batch_len, check_fits, check_len, check_slot_list};
 use crate::lifecycle::admission::Admitter;
 use crate::lifecycle::{EvictedRows, LifecycleStats, ShardListener, DEFAULT_PENDING_BOUND};
 use crate::raw::kernels::first_non_finite;
-use crate::raw::{ExportColumns, ExportedRows, Lifecycle, Positions, Table};
+use crate::raw::{ExportColumns, ExportedRows, Lifecycle, Positions, RowFormat, Table};
 use crate::{
-    Error, Initializer, Key, Partitioner, RestrictPolicy, Result, TableOptions, VariableBuilder,
+    Dtype, Error, Initializer, Key, Partitioner, RestrictPolicy, Result, Rounding, TableOptions,
+    VariableBuilder,
 };
 use std::marker::PhantomData;
 use std::path::Path;
@@ -154,28 +155,45 @@ enum Split {
 }
 
 /// The first row of a batch (by position in `keys`) that a write refused
-/// because its result was not finite: how [`Variable::update_rows`] and
-/// [`Variable::accum`] report their per-row refusals, whatever shard order
-/// the rows were written in.
+/// because its result was not finite or did not fit its dtype: how
+/// [`Variable::update_rows`] and [`Variable::accum`] report their per-row
+/// refusals, whatever shard order the rows were written in.
 #[derive(Default)]
-struct Refused(Option<(usize, f32)>);
+struct Refused(Option<(usize, f32, Dtype)>);
 
 impl Refused {
-    /// Records the refusal of the key at `position` with `value`.
-    fn note(&mut self, position: usize, value: f32) {
-        if self.0.is_none_or(|(first, _)| position < first) {
-            self.0 = Some((position, value));
+    /// Records the refusal of the key at `position` with `value`, which is
+    /// not finite or does not fit `dtype`.
+    fn note(&mut self, position: usize, value: f32, dtype: Dtype) {
+        if self.0.is_none_or(|(first, _, _)| position < first) {
+            self.0 = Some((position, value, dtype));
         }
     }
 
-    /// `Ok` if nothing was refused, else [`Error::NonFinite`] naming the
-    /// first refused key's position.
+    /// `Ok` if nothing was refused, else [`Error::NonFinite`] or
+    /// [`Error::OutOfRange`] naming the first refused key's position.
     fn into_result(self, what: &'static str) -> Result<()> {
         match self.0 {
             None => Ok(()),
-            Some((index, value)) => Err(Error::NonFinite { what, index, value }),
+            Some((index, value, _)) if !value.is_finite() => {
+                Err(Error::NonFinite { what, index, value })
+            }
+            Some((index, value, dtype)) => Err(Error::OutOfRange {
+                what,
+                index,
+                value,
+                dtype,
+            }),
         }
     }
+}
+
+/// The first value of `values` that does not fit `dtype` (not finite, or
+/// out of its range), if any.
+fn first_unfit(values: &[f32], dtype: Dtype) -> Option<f32> {
+    first_non_finite(values)
+        .or_else(|| dtype.first_out_of_range(values))
+        .map(|i| values[i])
 }
 
 impl<K: Key> Variable<K> {
@@ -217,7 +235,12 @@ impl<K: Key> Variable<K> {
                     admitter: admitter.clone(),
                     listener: listener.clone(),
                 };
-                Table::with_lifecycle(options.dim, per_shard, policy, lifecycle)
+                let format = RowFormat {
+                    values: options.value_dtype,
+                    slots: options.slot_dtype,
+                    rounding: options.rounding,
+                };
+                Table::with_lifecycle(options.dim, per_shard, policy, lifecycle, format)
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Variable {
@@ -278,6 +301,29 @@ impl<K: Key> Variable<K> {
     /// The partitioner of keys over shards.
     pub fn partitioner(&self) -> &Partitioner {
         &self.inner.partitioner
+    }
+
+    /// How values are stored (see [`VariableBuilder::value_dtype`]).
+    pub fn value_dtype(&self) -> Dtype {
+        self.inner.shards[0].format().values
+    }
+
+    /// How optimizer slots are stored (see [`VariableBuilder::slot_dtype`]).
+    pub fn slot_dtype(&self) -> Dtype {
+        self.inner.shards[0].format().slots
+    }
+
+    /// How optimizer steps round to half precision (see
+    /// [`VariableBuilder::rounding`]).
+    pub fn rounding(&self) -> Rounding {
+        self.inner.shards[0].format().rounding
+    }
+
+    /// Writes the row a missing key reads into `row`: the initializer's,
+    /// rounded to the value dtype (the row training inserts).
+    fn initial_row(&self, key: u64, row: &mut [f32]) {
+        self.inner.initializer.fill(key, row);
+        self.value_dtype().round_slice(row);
     }
 
     /// The restrict policy its rows' scores follow, if any.
@@ -341,12 +387,12 @@ impl<K: Key> Variable<K> {
     }
 
     /// Copies the rows of `keys` into `out` (`keys.len() * dim` values).
-    /// Missing keys get the initializer's row. Never inserts.
+    /// Missing keys get the initializer's row (rounded to the value dtype).
+    /// Never inserts.
     pub fn lookup(&self, keys: &[K], out: &mut [f32]) -> Result<()> {
         check_len("out", batch_len(keys.len(), self.dim())?, out.len())?;
-        let init = &self.inner.initializer;
         self.each_shard(keys, |table, bits, at| {
-            table.lookup(bits, at, out, |_, key, row| init.fill(key, row))
+            table.lookup(bits, at, out, |_, key, row| self.initial_row(key, row))
         })
     }
 
@@ -361,30 +407,30 @@ impl<K: Key> Variable<K> {
         check_len("exists", keys.len(), exists.len())?;
         let split = self.split(keys)?;
         exists.fill(true);
-        let init = &self.inner.initializer;
         self.each_share(split, |table, bits, at| {
             table.lookup(bits, at, out, |i, key, row| {
                 exists[at.of(i)] = false;
-                init.fill(key, row);
+                self.initial_row(key, row);
             })
         })
     }
 
     /// Training read: copies the rows of `keys` into `out`, inserting missing
-    /// keys with the initializer's row.
+    /// keys with the initializer's row (rounded to the value dtype).
     pub fn lookup_or_insert(&self, keys: &[K], out: &mut [f32]) -> Result<()> {
         check_len("out", batch_len(keys.len(), self.dim())?, out.len())?;
-        let init = &self.inner.initializer;
         self.each_shard(keys, |table, bits, at| {
-            table.lookup_or_insert(bits, at, out, |key, row| init.fill(key, row))
+            table.lookup_or_insert(bits, at, out, |key, row| self.initial_row(key, row))
         })
     }
 
     /// Sets the rows of `keys` to `values` (`keys.len() * dim`), inserting
-    /// absent keys. A key repeated in one batch: the last one wins.
+    /// absent keys. A key repeated in one batch: the last one wins. Values
+    /// are stored rounded to the value dtype; one that does not fit it is
+    /// an [`Error::OutOfRange`] before anything changes.
     pub fn upsert(&self, keys: &[K], values: &[f32]) -> Result<()> {
         check_len("values", batch_len(keys.len(), self.dim())?, values.len())?;
-        check_finite("values", values)?;
+        check_fits("values", values, self.value_dtype())?;
         self.each_shard(keys, |table, bits, at| table.upsert(bits, at, values))
     }
 
@@ -406,13 +452,22 @@ impl<K: Key> Variable<K> {
     /// batch: refusing the whole batch would need every row of the batch
     /// locked at once (or undo records), where a write locks one row at a
     /// time; so a failed call may have applied the other keys' deltas.
+    ///
+    /// With a half-precision value dtype, a delta must fit it too (it may
+    /// become a row): [`Error::OutOfRange`] (`what: "deltas"`) before
+    /// anything changes; and a sum that leaves its range is refused per row
+    /// as an overflow is, with [`Error::OutOfRange`] (`what: "accum
+    /// result"`).
     pub fn accum(&self, keys: &[K], deltas: &[f32], exists: &[bool]) -> Result<()> {
         check_len("deltas", batch_len(keys.len(), self.dim())?, deltas.len())?;
         check_len("exists", keys.len(), exists.len())?;
-        check_finite("deltas", deltas)?;
+        let dtype = self.value_dtype();
+        check_fits("deltas", deltas, dtype)?;
         let mut refused = Refused::default();
         self.each_shard(keys, |table, bits, at| {
-            table.accum(bits, at, deltas, exists, |pos, sum| refused.note(pos, sum))
+            table.accum(bits, at, deltas, exists, |pos, sum| {
+                refused.note(pos, sum, dtype)
+            })
         })?;
         refused.into_result("accum result")
     }
@@ -606,7 +661,23 @@ impl<K: Key> Variable<K> {
 
     /// [`checks::plan_slots`](crate::checks::plan_slots) against this
     /// variable's slot columns `names`.
+    /// The initial values are rounded to the slot dtype first (one that does
+    /// not fit it is an [`Error::OutOfRange`]).
     fn plan_slots(&self, names: &[String], slots: &[(&str, f32)]) -> Result<Vec<Option<usize>>> {
+        let dtype = self.slot_dtype();
+        let initials: Vec<f32> = slots.iter().map(|&(_, initial)| initial).collect();
+        if let Some(index) = dtype.first_out_of_range(&initials) {
+            return Err(Error::OutOfRange {
+                what: "slot initial value",
+                index,
+                value: initials[index],
+                dtype,
+            });
+        }
+        let slots: Vec<(&str, f32)> = slots
+            .iter()
+            .map(|&(name, initial)| (name, dtype.round(initial)))
+            .collect();
         let existing: Vec<(&str, f32)> = names
             .iter()
             .enumerate()
@@ -615,7 +686,7 @@ impl<K: Key> Variable<K> {
                 (name.as_str(), initial)
             })
             .collect();
-        crate::checks::plan_slots(self.name(), &existing, slots)
+        crate::checks::plan_slots(self.name(), &existing, &slots)
     }
 
     fn slot_at(&self, index: usize) -> SlotId {
@@ -724,7 +795,10 @@ impl<K: Key> Variable<K> {
     /// written (it keeps its previous values; a missing key is not
     /// inserted), the other rows are, and the call returns
     /// [`Error::NonFinite`] whose `index` is the first such key's position in
-    /// `keys`.
+    /// `keys`. A value that does not fit its column's dtype (the value
+    /// dtype, or the slot dtype for slot rows) is refused the same way, as
+    /// [`Error::OutOfRange`]. What is written is rounded to the dtypes, as
+    /// [`VariableBuilder::rounding`] says.
     pub fn update_rows(
         &self,
         keys: &[K],
@@ -736,21 +810,21 @@ impl<K: Key> Variable<K> {
             self.check_slot(slot)?;
         }
         let slot_indexes: Vec<usize> = slots.iter().map(|s| s.index).collect();
-        let init = &self.inner.initializer;
+        let (value_dtype, slot_dtype) = (self.value_dtype(), self.slot_dtype());
         let mut refused = Refused::default();
         self.each_shard(keys, |table, bits, at| {
             table.update_rows(
                 bits,
                 at,
                 &slot_indexes,
-                |key, row| init.fill(key, row),
+                |key, row| self.initial_row(key, row),
                 |i, values, slot_rows| {
                     update(i, values, slot_rows);
-                    let bad = first_non_finite(values)
-                        .map(|j| values[j])
-                        .or_else(|| first_non_finite(slot_rows).map(|j| slot_rows[j]));
-                    if let Some(value) = bad {
-                        refused.note(i, value);
+                    let bad = first_unfit(values, value_dtype)
+                        .map(|v| (v, value_dtype))
+                        .or_else(|| first_unfit(slot_rows, slot_dtype).map(|v| (v, slot_dtype)));
+                    if let Some((value, dtype)) = bad {
+                        refused.note(i, value, dtype);
                     }
                     bad.is_none()
                 },

@@ -14,6 +14,8 @@ fn info(dim: usize) -> TableInfo {
         slots: vec![("m".into(), 0.0), ("v".into(), 0.5)],
         scores: Some(RestrictPolicy::Frequency),
         shards: 1,
+        value_dtype: dynemb::Dtype::F32,
+        slot_dtype: dynemb::Dtype::F32,
     }
 }
 

@@ -139,6 +139,8 @@ fn a_checkpoint_header_too_large_is_an_error_not_a_panic() {
             slots: vec![(slot, 0.0)],
             scores: None,
             shards: 1,
+            value_dtype: dynemb::Dtype::F32,
+            slot_dtype: dynemb::Dtype::F32,
         };
         let err = save_rows(dir.path().join("big"), &info, rows()).unwrap_err();
         assert!(matches!(err, Error::InvalidArgument(_)), "{err}");

@@ -1,8 +1,10 @@
 //! One data file of a checkpoint: a safetensors file with a `keys` tensor
-//! (the key type's own dtype, shape `[rows]`), a `values` tensor (`F32`,
-//! shape `[rows, dim]`), a `slot.<name>` tensor per slot column (`F32`,
-//! `[rows, dim]`) and, with a restrict policy, a `scores` tensor (`U64`,
-//! `[rows]`), all little-endian as safetensors requires.
+//! (the key type's own dtype, shape `[rows]`), a `values` tensor (the value
+//! dtype, `F32`, `F16` or `BF16`, shape `[rows, dim]`), a `slot.<name>`
+//! tensor per slot column (the slot dtype, `[rows, dim]`) and, with a
+//! restrict policy, a `scores` tensor (`U64`, `[rows]`), all little-endian
+//! as safetensors requires. Half-precision tensors hold the stored bits
+//! exactly; reading widens them to `f32`.
 //!
 //! Files are untrusted input: a file is read only if it is a regular file no
 //! larger than its manifest entry says and no larger than a save of the
@@ -13,6 +15,8 @@
 use super::manifest::{corrupt, FileEntry};
 use crate::raw::kernels::first_non_finite;
 use crate::{Error, Result};
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+use half::{bf16, f16};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use std::borrow::Cow;
@@ -85,14 +89,67 @@ impl KeyCodec {
     }
 }
 
-/// Little-endian bytes of `values` (a view of them on little-endian
-/// machines).
-fn le_bytes(values: &[f32]) -> Cow<'_, [u8]> {
-    if cfg!(target_endian = "little") {
-        Cow::Borrowed(bytemuck::cast_slice(values))
-    } else {
-        Cow::Owned(values.iter().flat_map(|v| v.to_le_bytes()).collect())
+/// The dtypes a checkpoint stores its values and its slot rows in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct FloatDtypes {
+    pub values: crate::Dtype,
+    pub slots: crate::Dtype,
+}
+
+/// The safetensors dtype of a stored dtype.
+fn tensor_dtype(dtype: crate::Dtype) -> Dtype {
+    match dtype {
+        crate::Dtype::F32 => Dtype::F32,
+        crate::Dtype::F16 => Dtype::F16,
+        crate::Dtype::Bf16 => Dtype::BF16,
     }
+}
+
+/// Little-endian bytes of `values` as `dtype` (rounded to nearest even; a
+/// view of them for `f32` on little-endian machines).
+fn le_bytes(values: &[f32], dtype: crate::Dtype) -> Cow<'_, [u8]> {
+    let halves = |bits: Vec<u16>| Cow::Owned(bits.iter().flat_map(|b| b.to_le_bytes()).collect());
+    let mut bits = vec![0u16; values.len()];
+    match dtype {
+        crate::Dtype::F32 if cfg!(target_endian = "little") => {
+            Cow::Borrowed(bytemuck::cast_slice(values))
+        }
+        crate::Dtype::F32 => Cow::Owned(values.iter().flat_map(|v| v.to_le_bytes()).collect()),
+        crate::Dtype::F16 => {
+            bits.reinterpret_cast_mut::<f16>()
+                .convert_from_f32_slice(values);
+            halves(bits)
+        }
+        crate::Dtype::Bf16 => {
+            bits.reinterpret_cast_mut::<bf16>()
+                .convert_from_f32_slice(values);
+            halves(bits)
+        }
+    }
+}
+
+/// `f32` values of little-endian `bytes` of `dtype`.
+fn from_le_bytes(bytes: &[u8], dtype: crate::Dtype) -> Vec<f32> {
+    if dtype == crate::Dtype::F32 {
+        return bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect();
+    }
+    let bits: Vec<u16> = bytes
+        .chunks_exact(2)
+        .map(|c| u16::from_le_bytes(c.try_into().expect("2 bytes")))
+        .collect();
+    let mut out = vec![0.0; bits.len()];
+    match dtype {
+        crate::Dtype::F16 => bits
+            .reinterpret_cast::<f16>()
+            .convert_to_f32_slice(&mut out),
+        _ => bits
+            .reinterpret_cast::<bf16>()
+            .convert_to_f32_slice(&mut out),
+    }
+    out
 }
 
 /// Little-endian bytes of `scores` (a view of them on little-endian
@@ -105,10 +162,17 @@ pub(crate) fn le_bytes_u64(scores: &[u64]) -> Cow<'_, [u8]> {
     }
 }
 
-/// Rows per file for rows of `dim` values with `slots` slot columns, keys
-/// of `codec`, and a score if `scored`.
-pub(crate) fn rows_per_file(dim: usize, codec: KeyCodec, slots: usize, scored: bool) -> usize {
-    let row_bytes = dim * 4 * (1 + slots) + codec.width + if scored { 8 } else { 0 };
+/// Rows per file for rows of `dim` values stored as `dtypes` with `slots`
+/// slot columns, keys of `codec`, and a score if `scored`.
+pub(crate) fn rows_per_file(
+    dim: usize,
+    dtypes: FloatDtypes,
+    codec: KeyCodec,
+    slots: usize,
+    scored: bool,
+) -> usize {
+    let floats = dtypes.values.size_bytes() + slots * dtypes.slots.size_bytes();
+    let row_bytes = dim * floats + codec.width + if scored { 8 } else { 0 };
     (TARGET_FILE_BYTES / row_bytes).max(1)
 }
 
@@ -116,8 +180,9 @@ pub(crate) fn rows_per_file(dim: usize, codec: KeyCodec, slots: usize, scored: b
 /// and offsets as JSON, padded) beyond its rows' bytes.
 pub(crate) const MAX_HEADER_BYTES: usize = 64 << 10;
 
-/// The largest data file a save writes for rows like these: the target size
-/// or one row, whichever is larger, plus its header. Reading refuses larger
+/// The largest data file a save writes for rows like these (whatever their
+/// dtypes: `f32` rows are the largest): the target size or one row,
+/// whichever is larger, plus its header. Reading refuses larger
 /// files before reading them, so a checkpoint's claims never decide how
 /// much memory a restore takes.
 pub(crate) fn max_file_bytes(dim: usize, codec: KeyCodec, slots: usize, scored: bool) -> u64 {
@@ -178,6 +243,7 @@ pub(crate) struct FileRows {
 pub(crate) fn encode(
     path: &Path,
     codec: KeyCodec,
+    dtypes: FloatDtypes,
     rows: &FileRows,
     slot_names: &[String],
     dim: usize,
@@ -190,19 +256,24 @@ pub(crate) fn encode(
     };
     let n = rows.keys.len();
     let key_bytes = codec.encode(&rows.keys);
-    let value_bytes = le_bytes(&rows.values);
-    let slot_bytes: Vec<Cow<'_, [u8]>> = rows.slots.iter().map(|s| le_bytes(s)).collect();
+    let value_bytes = le_bytes(&rows.values, dtypes.values);
+    let slot_bytes: Vec<Cow<'_, [u8]>> = rows
+        .slots
+        .iter()
+        .map(|s| le_bytes(s, dtypes.slots))
+        .collect();
     let score_bytes = rows.scores.as_deref().map(le_bytes_u64);
     let view = |dtype, shape, bytes| TensorView::new(dtype, shape, bytes).map_err(unwritable);
     let mut tensors = vec![
         ("keys".to_string(), view(codec.dtype, vec![n], &key_bytes)?),
         (
             "values".to_string(),
-            view(Dtype::F32, vec![n, dim], &value_bytes)?,
+            view(tensor_dtype(dtypes.values), vec![n, dim], &value_bytes)?,
         ),
     ];
     for (name, bytes) in slot_names.iter().zip(&slot_bytes) {
-        tensors.push((slot_tensor(name), view(Dtype::F32, vec![n, dim], bytes)?));
+        let dtype = tensor_dtype(dtypes.slots);
+        tensors.push((slot_tensor(name), view(dtype, vec![n, dim], bytes)?));
     }
     if let Some(bytes) = &score_bytes {
         tensors.push(("scores".to_string(), view(Dtype::U64, vec![n], bytes)?));
@@ -213,11 +284,14 @@ pub(crate) fn encode(
 
 /// Reads a data file and checks it against its manifest entry (size,
 /// checksum, tensor names, dtypes and shapes, finite values); returns its
-/// rows, with the slot columns named `slot_names` and scores if `scored`.
+/// rows, with the slot columns named `slot_names` and scores if `scored`,
+/// values and slot rows stored as `dtypes` and widened to `f32`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn read_verified(
     dir: &Path,
     entry: &FileEntry,
     codec: KeyCodec,
+    dtypes: FloatDtypes,
     dim: usize,
     slot_names: &[String],
     scored: bool,
@@ -228,11 +302,9 @@ pub(crate) fn read_verified(
     let file = parse(&path, &bytes)?;
     let checked =
         |name: &str, dtype: Dtype, shape: &[usize]| tensor(&file, &path, name, dtype, shape);
-    let floats = |name: &str| -> Result<Vec<f32>> {
-        let values: Vec<f32> = checked(name, Dtype::F32, &[entry.rows, dim])?
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
-            .collect();
+    let floats = |name: &str, dtype: crate::Dtype| -> Result<Vec<f32>> {
+        let bytes = checked(name, tensor_dtype(dtype), &[entry.rows, dim])?;
+        let values = from_le_bytes(bytes, dtype);
         match first_non_finite(&values) {
             None => Ok(values),
             Some(i) => Err(corrupt(
@@ -243,10 +315,10 @@ pub(crate) fn read_verified(
     };
     let rows = FileRows {
         keys: codec.decode(checked("keys", codec.dtype, &[entry.rows])?),
-        values: floats("values")?,
+        values: floats("values", dtypes.values)?,
         slots: slot_names
             .iter()
-            .map(|name| floats(&slot_tensor(name)))
+            .map(|name| floats(&slot_tensor(name), dtypes.slots))
             .collect::<Result<_>>()?,
         scores: if scored {
             let bytes = checked("scores", Dtype::U64, &[entry.rows])?;
@@ -355,9 +427,10 @@ mod tests {
         let path = Path::new("shard-00000-00000.safetensors");
         let codec = KeyCodec::for_type("i64");
         let huge = ["z".repeat(100_000_001)];
-        let err = encode(path, codec, &rows, &huge, 2).unwrap_err();
+        let dtypes = FloatDtypes::default();
+        let err = encode(path, codec, dtypes, &rows, &huge, 2).unwrap_err();
         assert!(err.to_string().contains("shard-00000-00000"), "{err}");
-        assert!(encode(path, codec, &rows, &["m".to_string()], 2).is_ok());
+        assert!(encode(path, codec, dtypes, &rows, &["m".to_string()], 2).is_ok());
     }
 
     #[test]
@@ -386,8 +459,23 @@ mod tests {
     #[test]
     fn files_aim_at_the_target_size() {
         let codec = KeyCodec::for_type("i64");
-        assert_eq!(rows_per_file(64, codec, 0, false), TARGET_FILE_BYTES / 264);
-        assert_eq!(rows_per_file(64, codec, 2, true), TARGET_FILE_BYTES / 784);
-        assert_eq!(rows_per_file(1 << 30, codec, 0, false), 1);
+        let f32s = FloatDtypes::default();
+        assert_eq!(
+            rows_per_file(64, f32s, codec, 0, false),
+            TARGET_FILE_BYTES / 264
+        );
+        assert_eq!(
+            rows_per_file(64, f32s, codec, 2, true),
+            TARGET_FILE_BYTES / 784
+        );
+        assert_eq!(rows_per_file(1 << 30, f32s, codec, 0, false), 1);
+        let halves = FloatDtypes {
+            values: crate::Dtype::Bf16,
+            slots: crate::Dtype::F16,
+        };
+        assert_eq!(
+            rows_per_file(64, halves, codec, 2, true),
+            TARGET_FILE_BYTES / 400
+        );
     }
 }

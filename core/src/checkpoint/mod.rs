@@ -11,9 +11,12 @@
 //! each file's shard, row count, size and CRC-32) and data files named
 //! `shard-SSSSS-PPPPP.safetensors`. Each file holds, for the same rows in the
 //! same order, a `keys` tensor (the key type's dtype, `[rows]`), a `values`
-//! tensor (`F32`, `[rows, dim]`), a `slot.<name>` tensor per slot column
-//! (`F32`, `[rows, dim]`) and, if the variable has a restrict policy, a
-//! `scores` tensor (`U64`, `[rows]`). A file holds at most `rows_per_file`
+//! tensor (`[rows, dim]`), a `slot.<name>` tensor per slot column (`[rows,
+//! dim]`) and, if the variable has a restrict policy, a `scores` tensor
+//! (`U64`, `[rows]`). Values and slot rows are stored in the variable's own
+//! dtypes: `F32`, or `F16`/`BF16` for a half-precision variable, whose
+//! `index.json` then says so in `value_dtype` and `slot_dtype` (`"f16"`,
+//! `"bf16"`; absent for `f32`, so `f32` checkpoints are as before). A file holds at most `rows_per_file`
 //! rows (about 16 MiB), so saving and loading need memory for one file at a
 //! time, never for the whole table. Python reads it with `safetensors` and
 //! numpy (see the README).
@@ -93,7 +96,13 @@
 //! another program rewriting the files in place, which dynemb never does;
 //! the error then says so and the variable holds part of the checkpoint.
 //! Rows go through the variable's partitioner, so a checkpoint saved with
-//! any shard count loads into any other.
+//! any shard count loads into any other; and through its dtypes, so a
+//! checkpoint of any dtype loads into a variable of any other: values are
+//! rounded to the variable's dtypes (to nearest even), and a value that
+//! does not fit them (an `f32` checkpoint's `70000.0` into an `f16`
+//! variable) is an [`Error::OutOfRange`] found by the check, before
+//! anything changes. A saved slot's initial value is compared with a slot
+//! the variable has after both are rounded to the variable's slot dtype.
 //!
 //! Checkpoint bytes are untrusted: `index.json` is read only up to 64 MiB,
 //! a data file only if it is a regular file no larger than a save of these
@@ -148,9 +157,9 @@ use crate::raw::fs::exchange_dirs;
 use crate::raw::{ExportColumns, MAX_SLOTS};
 use crate::restrict::observe_timestamp;
 use crate::{Error, Key, RestrictPolicy, Result, Variable};
-use files::{FileRows, KeyCodec};
+use files::{FileRows, FloatDtypes, KeyCodec};
 use lock::CheckpointLock;
-use manifest::{corrupt, FileEntry, Manifest, SlotEntry, FORMAT, MANIFEST, VERSION};
+use manifest::{corrupt, dtype_field, FileEntry, Manifest, SlotEntry, FORMAT, MANIFEST, VERSION};
 use place::Place;
 pub use rows::{save_rows, Reader, Rows, TableInfo};
 use std::collections::VecDeque;
@@ -232,6 +241,7 @@ fn save_with(dir: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> 
 struct FilesWriter<'a> {
     staging: &'a Path,
     codec: KeyCodec,
+    dtypes: FloatDtypes,
     dim: usize,
     slot_names: Vec<String>,
     entries: Vec<FileEntry>,
@@ -242,10 +252,17 @@ struct FilesWriter<'a> {
 }
 
 impl<'a> FilesWriter<'a> {
-    fn new(staging: &'a Path, codec: KeyCodec, dim: usize, slot_names: Vec<String>) -> Self {
+    fn new(
+        staging: &'a Path,
+        codec: KeyCodec,
+        dtypes: FloatDtypes,
+        dim: usize,
+        slot_names: Vec<String>,
+    ) -> Self {
         FilesWriter {
             staging,
             codec,
+            dtypes,
             dim,
             slot_names,
             entries: Vec::new(),
@@ -257,7 +274,14 @@ impl<'a> FilesWriter<'a> {
     fn write(&mut self, shard: usize, rows: &FileRows) -> Result<()> {
         let file = format!("shard-{shard:05}-{:05}.safetensors", self.entries.len());
         let path = self.staging.join(&file);
-        let bytes = files::encode(&path, self.codec, rows, &self.slot_names, self.dim)?;
+        let bytes = files::encode(
+            &path,
+            self.codec,
+            self.dtypes,
+            rows,
+            &self.slot_names,
+            self.dim,
+        )?;
         let (size, crc32) = self.write_named(&file, &bytes)?;
         self.entries.push(FileEntry {
             file,
@@ -318,13 +342,17 @@ fn write_checkpoint<K: Key>(variable: &Variable<K>, staging: &Path) -> Result<()
         })
         .collect::<Result<Vec<_>>>()?;
     let policy = variable.restrict_policy();
-    let rows_per_file = files::rows_per_file(dim, codec, slots.len(), policy.is_some());
+    let dtypes = FloatDtypes {
+        values: variable.value_dtype(),
+        slots: variable.slot_dtype(),
+    };
+    let rows_per_file = files::rows_per_file(dim, dtypes, codec, slots.len(), policy.is_some());
     let columns = ExportColumns {
         values: true,
         slots: !slots.is_empty(),
         scores: policy.is_some(),
     };
-    let mut writer = FilesWriter::new(staging, codec, dim, slot_names.clone());
+    let mut writer = FilesWriter::new(staging, codec, dtypes, dim, slot_names.clone());
     for (shard, table) in variable.shards().iter().enumerate() {
         let end = table.end_of_rows();
         let mut next = 0;
@@ -357,6 +385,8 @@ fn write_checkpoint<K: Key>(variable: &Variable<K>, staging: &Path) -> Result<()
         shards: variable.num_shards(),
         slots,
         scores: policy.map(|p| p.name().to_string()),
+        value_dtype: dtype_field(dtypes.values),
+        slot_dtype: dtype_field(dtypes.slots),
         rows_per_file,
         rows: 0,
         files: Vec::new(),
@@ -438,11 +468,20 @@ fn check_columns_fit<K: Key>(
         requested,
     };
     let mut new_slots = 0;
+    let slot_dtype = variable.slot_dtype();
     for slot in &manifest.slots {
+        if !slot_dtype.fits(slot.initial) {
+            return Err(Error::OutOfRange {
+                what: "checkpoint slot initial value",
+                index: 0,
+                value: slot.initial,
+                dtype: slot_dtype,
+            });
+        }
         match variable.slot_id(&slot.name) {
             Ok(id) => {
                 let initial = variable.slot_initial(id)?;
-                if initial != slot.initial {
+                if initial != slot_dtype.round(slot.initial) {
                     return Err(mismatch(
                         format!("slot {} with initial value {initial}", slot.name),
                         format!(
@@ -487,11 +526,16 @@ fn for_each_file(
         slot_names.len(),
         manifest.scores.is_some(),
     );
+    let dtypes = FloatDtypes {
+        values: manifest.value_dtype(),
+        slots: manifest.slot_dtype(),
+    };
     for entry in &manifest.files {
         rows(files::read_verified(
             dir,
             entry,
             codec,
+            dtypes,
             manifest.dim,
             &slot_names,
             manifest.scores.is_some(),
@@ -548,6 +592,10 @@ pub(crate) fn verify<K: Key>(variable: &Variable<K>, dir: &Path) -> Result<Verif
             admission::check_fits(variable.name(), variable.admitter(), dir, manifest)
         },
         |rows| {
+            crate::checks::check_fits("checkpoint values", &rows.values, variable.value_dtype())?;
+            for slot in &rows.slots {
+                crate::checks::check_fits("checkpoint slot rows", slot, variable.slot_dtype())?;
+            }
             let shards = variable.num_shards();
             for &bits in &rows.keys {
                 variable

@@ -9,12 +9,12 @@
 //!
 //! [`Variable`]: crate::Variable
 
-use super::files::{self, FileRows, KeyCodec};
-use super::manifest::{Manifest, SlotEntry, FORMAT, VERSION};
+use super::files::{self, FileRows, FloatDtypes, KeyCodec};
+use super::manifest::{dtype_field, Manifest, SlotEntry, FORMAT, VERSION};
 use super::{for_each_file, save_with, verify_with, FilesWriter, Verified};
-use crate::checks::check_len;
+use crate::checks::{check_fits, check_len};
 use crate::restrict::observe_timestamp;
-use crate::{Error, Key, RestrictPolicy, Result};
+use crate::{Dtype, Error, Key, RestrictPolicy, Result};
 use std::marker::PhantomData;
 use std::path::Path;
 
@@ -33,6 +33,10 @@ pub struct TableInfo {
     /// Shards the table had (recorded for information; a checkpoint loads
     /// into any shard count).
     pub shards: usize,
+    /// The dtype the values are stored in (rows saved are rounded to it).
+    pub value_dtype: Dtype,
+    /// The dtype the slot rows are stored in.
+    pub slot_dtype: Dtype,
 }
 
 /// Some rows of a table: for row `i`, `keys[i]`, its values
@@ -52,8 +56,8 @@ pub struct Rows<K> {
 }
 
 /// Checks `info` (names within [`MAX_NAME_BYTES`](crate::MAX_NAME_BYTES),
-/// a dim of at least 1, distinct non-empty slot names, finite initial
-/// values).
+/// a dim of at least 1, distinct non-empty slot names, initial values that
+/// fit the slot dtype).
 fn check_info(info: &TableInfo) -> Result<()> {
     crate::check_name("variable name", &info.name)?;
     for (name, _) in &info.slots {
@@ -74,18 +78,30 @@ fn check_info(info: &TableInfo) -> Result<()> {
                 info.name
             )));
         }
-        if !initial.is_finite() {
-            return Err(Error::NonFinite {
-                what: "slot initial value",
-                index: i,
-                value: *initial,
+        if let Err(error) = check_fits("slot initial value", &[*initial], info.slot_dtype) {
+            return Err(match error {
+                Error::NonFinite { what, value, .. } => Error::NonFinite {
+                    what,
+                    index: i,
+                    value,
+                },
+                Error::OutOfRange {
+                    what, value, dtype, ..
+                } => Error::OutOfRange {
+                    what,
+                    index: i,
+                    value,
+                    dtype,
+                },
+                other => other,
             });
         }
     }
     Ok(())
 }
 
-/// Checks one batch of `rows` against `info`: every length, finite values.
+/// Checks one batch of `rows` against `info`: every length, values that
+/// fit the dtypes.
 fn check_rows<K>(info: &TableInfo, rows: &Rows<K>) -> Result<()> {
     let n = rows.keys.len();
     let expected = n.checked_mul(info.dim).ok_or_else(|| {
@@ -110,18 +126,9 @@ fn check_rows<K>(info: &TableInfo, rows: &Rows<K>) -> Result<()> {
             ))
         }
     }
-    let finite =
-        |what: &'static str, values: &[f32]| match values.iter().position(|v| !v.is_finite()) {
-            None => Ok(()),
-            Some(index) => Err(Error::NonFinite {
-                what,
-                index,
-                value: values[index],
-            }),
-        };
-    finite("values", &rows.values)?;
+    check_fits("values", &rows.values, info.value_dtype)?;
     for slot in &rows.slots {
-        finite("slot rows", slot)?;
+        check_fits("slot rows", slot, info.slot_dtype)?;
     }
     Ok(())
 }
@@ -135,8 +142,9 @@ fn check_rows<K>(info: &TableInfo, rows: &Rows<K>) -> Result<()> {
 /// A key must appear once (a reader keeps the later row of a repeated key).
 ///
 /// A batch of the wrong shape ([`Error::LengthMismatch`],
-/// [`Error::InvalidArgument`]), a non-finite value ([`Error::NonFinite`])
-/// or an error `rows` yields stops the save: nothing is published and the
+/// [`Error::InvalidArgument`]), a non-finite value ([`Error::NonFinite`]),
+/// one that does not fit the info's dtypes ([`Error::OutOfRange`]; the
+/// rest are rounded to them) or an error `rows` yields stops the save: nothing is published and the
 /// previous checkpoint stays.
 pub fn save_rows<K: Key, I>(dir: impl AsRef<Path>, info: &TableInfo, rows: I) -> Result<()>
 where
@@ -147,8 +155,12 @@ where
         let codec = KeyCodec::for_type(K::TYPE_NAME);
         let slot_names: Vec<String> = info.slots.iter().map(|(n, _)| n.clone()).collect();
         let scored = info.scores.is_some();
-        let rows_per_file = files::rows_per_file(info.dim, codec, slot_names.len(), scored);
-        let mut writer = FilesWriter::new(staging, codec, info.dim, slot_names.clone());
+        let dtypes = FloatDtypes {
+            values: info.value_dtype,
+            slots: info.slot_dtype,
+        };
+        let rows_per_file = files::rows_per_file(info.dim, dtypes, codec, slot_names.len(), scored);
+        let mut writer = FilesWriter::new(staging, codec, dtypes, info.dim, slot_names.clone());
         let mut pending = FileRows {
             slots: vec![Vec::new(); slot_names.len()],
             scores: scored.then(Vec::new),
@@ -202,10 +214,12 @@ where
                 .iter()
                 .map(|(name, initial)| SlotEntry {
                     name: name.clone(),
-                    initial: *initial,
+                    initial: info.slot_dtype.round(*initial),
                 })
                 .collect(),
             scores: info.scores.map(|p| p.name().to_string()),
+            value_dtype: dtype_field(info.value_dtype),
+            slot_dtype: dtype_field(info.slot_dtype),
             rows_per_file,
             rows: 0,
             files: Vec::new(),
@@ -252,6 +266,8 @@ impl<K: Key> Reader<K> {
                 .collect(),
             scores: manifest.policy(),
             shards: manifest.shards,
+            value_dtype: manifest.value_dtype(),
+            slot_dtype: manifest.slot_dtype(),
         }
     }
 

@@ -22,6 +22,7 @@
 //! - `rows`: the row arena (stable row ids, seqlocked rows, slot columns,
 //!   scores, free list);
 //! - `kernels`: vectorized row kernels and prefetch;
+//! - `codec`: how a column packs values of each dtype into its words;
 //! - `probe`: the group probe exposed for benchmarks (SIMD and scalar);
 //! - `pipeline`: the software pipeline batched operations walk their keys in;
 //! - `epoch`: the table's dedicated epoch collector;
@@ -35,6 +36,7 @@
 #![cfg_attr(not(feature = "raw"), allow(dead_code, unused_imports))]
 
 mod bound;
+mod codec;
 mod epoch;
 pub(crate) mod fs;
 pub(crate) mod index;
@@ -49,7 +51,7 @@ mod table;
 pub(crate) mod tags;
 mod zeroed;
 
-pub use rows::{MAX_SLOTS, PREFAULT_MAX_BYTES};
+pub use rows::{RowFormat, MAX_SLOTS, PREFAULT_MAX_BYTES};
 pub(crate) use table::Lifecycle;
 pub use table::{ExportColumns, ExportedRows, Positions, Table, MAX_DIM};
 pub use zeroed::{release_free_heap, zeroed_words, ZeroedWords};

@@ -44,11 +44,11 @@
 //! a reader that found a row id before its key was removed never sees the
 //! row reused for another key while it is pinned.
 
-use super::kernels::{
-    load_row, load_row_xor, prefetch_span, store_row, store_row_xor, words_for_dim, xor_mask,
-};
+use super::codec::{mix, Codec};
+use super::kernels::prefetch_span;
 use super::zeroed::{try_zeroed_slice, ZeroedSlice};
 use crate::lifecycle::EvictedRows;
+use crate::{Dtype, Rounding};
 use crossbeam_epoch::Guard;
 use crossbeam_queue::SegQueue;
 use crossbeam_utils::Backoff;
@@ -248,16 +248,15 @@ impl Score {
 /// initial value so that zeroed words read as that value (module docs).
 pub(crate) struct SlotColumn {
     column: Column,
-    initial: f32,
-    mask: u64,
+    codec: Codec,
 }
 
 impl SlotColumn {
-    fn new(dim: usize, initial: f32) -> SlotColumn {
+    fn new(dim: usize, dtype: Dtype, initial: f32) -> SlotColumn {
+        let codec = Codec::new(dtype, initial);
         SlotColumn {
-            column: Column::new(words_for_dim(dim)),
-            initial,
-            mask: xor_mask(initial),
+            column: Column::new(codec.words(dim)),
+            codec,
         }
     }
 
@@ -265,15 +264,23 @@ impl SlotColumn {
     /// was never written).
     fn load(&self, row: u64, out: &mut [f32]) {
         match self.column.try_row(row) {
-            Some(words) => load_row_xor(words, self.mask, out),
-            None => out.fill(self.initial),
+            Some(words) => self.codec.load(words, out),
+            None => out.fill(self.codec.initial()),
         }
     }
 
     /// Overwrites the slot's row; the caller holds the row's lock.
     fn store(&self, row: u64, src: &[f32]) {
         self.column.ensure(row);
-        store_row_xor(self.column.row(row), self.mask, src);
+        self.codec.store(self.column.row(row), src);
+    }
+
+    /// [`SlotColumn::store`] rounding stochastically with `noise` (see
+    /// [`Codec::store_stochastic`]).
+    fn store_stochastic(&self, row: u64, src: &[f32], noise: u64) {
+        self.column.ensure(row);
+        self.codec
+            .store_stochastic(self.column.row(row), src, noise);
     }
 
     /// Sets the slot's row back to the initial value; the caller holds the
@@ -319,10 +326,25 @@ pub(crate) struct RowCache {
     ids: Vec<u64>,
 }
 
+/// How a table stores its rows' numbers: the dtypes of its values and of
+/// its slot columns, and how optimizer steps round to them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RowFormat {
+    /// The values' dtype.
+    pub values: Dtype,
+    /// Every slot column's dtype.
+    pub slots: Dtype,
+    /// How [`Table::update_rows`](super::Table::update_rows) rounds.
+    pub rounding: Rounding,
+}
+
 /// Rows of one table: the main column, the slot columns, the high-water mark
 /// and the free pool.
 pub(crate) struct RowStore {
     dim: usize,
+    format: RowFormat,
+    /// How the main column stores values.
+    values: Codec,
     /// Whether rows carry a score word.
     scored: bool,
     /// Header words before a row's values.
@@ -365,19 +387,23 @@ impl RowStore {
     /// when `scored`.
     #[cfg(test)]
     pub(crate) fn new(dim: usize, scored: bool) -> RowStore {
-        Self::with_ranks(dim, scored, Ranks::Off)
+        Self::with_ranks(dim, scored, Ranks::Off, RowFormat::default())
     }
 
-    /// [`RowStore::new`] that keeps an eviction rank per row by `rule`.
-    pub(crate) fn with_ranks(dim: usize, scored: bool, rule: Ranks) -> RowStore {
+    /// [`RowStore::new`] that keeps an eviction rank per row by `rule` and
+    /// stores numbers as `format` says.
+    pub(crate) fn with_ranks(dim: usize, scored: bool, rule: Ranks, format: RowFormat) -> RowStore {
         let values_at = HEADER_WORDS + usize::from(scored);
+        let values = Codec::new(format.values, 0.0);
         RowStore {
             ranks: (rule != Ranks::Off).then(|| Column::new(1)),
             rank_rule: rule,
             dim,
+            format,
+            values,
             scored,
             values_at,
-            main: Column::new(values_at + words_for_dim(dim)),
+            main: Column::new(values_at + values.words(dim)),
             slots: std::array::from_fn(|_| OnceLock::new()),
             slot_count: AtomicUsize::new(0),
             adding_slot: Mutex::new(()),
@@ -388,6 +414,19 @@ impl RowStore {
 
     pub(crate) fn dim(&self) -> usize {
         self.dim
+    }
+
+    /// How the rows store their numbers.
+    pub(crate) fn format(&self) -> RowFormat {
+        self.format
+    }
+
+    /// `row += x` on a row's values (from [`RowStore::update`]) if every sum
+    /// fits the value dtype; else the row is unchanged and the first sum
+    /// that does not is returned.
+    #[inline]
+    pub(crate) fn add_if_fits(&self, values: &[AtomicU64], x: &[f32]) -> Result<(), f32> {
+        self.values.add_if_fits(values, x)
     }
 
     /// One past the largest row id ever handed out.
@@ -409,12 +448,12 @@ impl RowStore {
 
     /// The initial value of slot column `slot`, if it exists.
     pub(crate) fn slot_initial(&self, slot: usize) -> Option<f32> {
-        (slot < self.slot_count()).then(|| self.slot(slot).initial)
+        (slot < self.slot_count()).then(|| self.slot(slot).codec.initial())
     }
 
-    /// Adds a slot column whose rows start at `initial` (every existing row
-    /// included); returns its index, or `None` if the store has
-    /// [`MAX_SLOTS`] already.
+    /// Adds a slot column whose rows start at `initial` rounded to the slot
+    /// dtype (every existing row included); returns its index, or `None` if
+    /// the store has [`MAX_SLOTS`] already.
     pub(crate) fn add_slot(&self, initial: f32) -> Option<usize> {
         let _adding = self
             .adding_slot
@@ -425,7 +464,7 @@ impl RowStore {
             return None;
         }
         if self.slots[index]
-            .set(SlotColumn::new(self.dim, initial))
+            .set(SlotColumn::new(self.dim, self.format.slots, initial))
             .is_err()
         {
             unreachable!("slot {index} is set once, under the adding lock");
@@ -682,7 +721,7 @@ impl RowStore {
     ) {
         self.locked(row, Some(true), score, |words| {
             words[1].store(key, Ordering::Relaxed);
-            store_row(&words[self.values_at..], values);
+            self.values.store(&words[self.values_at..], values);
             // Read under the row's lock: see the module docs.
             for slot in 0..self.slot_count() {
                 match slots.iter().find(|(s, _)| *s == slot) {
@@ -730,7 +769,7 @@ impl RowStore {
         score: Score,
     ) -> bool {
         self.locked(row, None, score, |words| {
-            store_row(&words[self.values_at..], values);
+            self.values.store(&words[self.values_at..], values);
             for &(slot, src) in slots {
                 self.slot(slot).store(row, src);
             }
@@ -756,16 +795,34 @@ impl RowStore {
         let dim = self.dim;
         self.locked(row, None, score, |words| {
             let (values, slot_rows) = scratch.split_at_mut(dim);
-            load_row(&words[self.values_at..], values);
+            let at = &words[self.values_at..];
+            self.values.load(at, values);
             for (&slot, out) in slots.iter().zip(slot_rows.chunks_exact_mut(dim)) {
                 self.slot(slot).load(row, out);
             }
             if !update(values, slot_rows) {
                 return false;
             }
-            store_row(&words[self.values_at..], values);
-            for (&slot, src) in slots.iter().zip(slot_rows.chunks_exact(dim)) {
-                self.slot(slot).store(row, src);
+            let slot_rows = slots.iter().zip(slot_rows.chunks_exact(dim));
+            match self.format.rounding {
+                Rounding::NearestEven => {
+                    self.values.store(at, values);
+                    for (&slot, src) in slot_rows {
+                        self.slot(slot).store(row, src);
+                    }
+                }
+                Rounding::Stochastic { seed } => {
+                    // The row is locked: its state word holds the version
+                    // this write replaces, so every write draws new bits.
+                    let state = words[0].load(Ordering::Relaxed);
+                    let key = words[1].load(Ordering::Relaxed);
+                    let noise = |column: u64| mix(mix(seed ^ key) ^ state ^ (column << 56));
+                    self.values.store_stochastic(at, values, noise(0));
+                    for (&slot, src) in slot_rows {
+                        self.slot(slot)
+                            .store_stochastic(row, src, noise(1 + slot as u64));
+                    }
+                }
             }
             true
         })
@@ -790,7 +847,7 @@ impl RowStore {
                 backoff.snooze();
                 continue;
             }
-            load_row(&words[self.values_at..], out);
+            self.values.load(&words[self.values_at..], out);
             for (slot, slot_row) in slot_out.chunks_exact_mut(self.dim.max(1)).enumerate() {
                 self.slot(slot).load(row, slot_row);
             }
@@ -945,7 +1002,8 @@ impl RowStore {
         take.keys.push(key);
         let at = take.values.len();
         take.values.resize(at + dim, 0.0);
-        load_row(&words[self.values_at..], &mut take.values[at..]);
+        self.values
+            .load(&words[self.values_at..], &mut take.values[at..]);
         if self.scored {
             take.scores.push(score);
         }
@@ -953,7 +1011,7 @@ impl RowStore {
         while take.slots.len() < count {
             // A slot added since this batch's first eviction: its earlier
             // rows held the slot's initial value.
-            let initial = self.slot(take.slots.len()).initial;
+            let initial = self.slot(take.slots.len()).codec.initial();
             take.slots.push(vec![initial; rows_before * dim]);
         }
         for (slot, column) in take.slots.iter_mut().enumerate().take(count) {
@@ -990,7 +1048,7 @@ impl RowStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::raw::kernels::axpy_row;
+    use crate::raw::kernels::{axpy_row, store_row};
 
     #[test]
     fn locate_maps_ids_to_doubling_segments() {

@@ -19,9 +19,9 @@
 use super::bound::{Bound, MAX_VICTIMS};
 use super::epoch::Epoch;
 use super::index::{hash_key, FirstGroup, Index, Insert, Remove, MIN_CAPACITY};
-use super::kernels::{add_row_if_finite, prefetch, prefetch_span};
+use super::kernels::{prefetch, prefetch_span};
 use super::pipeline::Access;
-use super::rows::{Ranks, RowCache, RowStore, Score, Unlink, MAX_ROWS, MAX_SLOTS};
+use super::rows::{Ranks, RowCache, RowFormat, RowStore, Score, Unlink, MAX_ROWS, MAX_SLOTS};
 use super::sync::Spin;
 use crate::lifecycle::admission::Admitter;
 use crate::lifecycle::{EvictedRows, ShardListener};
@@ -503,17 +503,34 @@ impl Table {
         capacity: usize,
         policy: Option<RestrictPolicy>,
     ) -> Result<Table> {
-        Table::with_lifecycle(dim, capacity, policy, Lifecycle::default())
+        Table::with_lifecycle(
+            dim,
+            capacity,
+            policy,
+            Lifecycle::default(),
+            RowFormat::default(),
+        )
+    }
+
+    /// [`Table::with_restrict_policy`] storing its numbers as `format` says.
+    pub fn with_format(
+        dim: usize,
+        capacity: usize,
+        policy: Option<RestrictPolicy>,
+        format: RowFormat,
+    ) -> Result<Table> {
+        Table::with_lifecycle(dim, capacity, policy, Lifecycle::default(), format)
     }
 
     /// [`Table::with_restrict_policy`] with `lifecycle`'s capacity (which
     /// needs a policy: Timestamp if none is given), listener and
-    /// admission.
+    /// admission, storing its numbers as `format` says.
     pub(crate) fn with_lifecycle(
         dim: usize,
         capacity: usize,
         policy: Option<RestrictPolicy>,
         lifecycle: Lifecycle,
+        format: RowFormat,
     ) -> Result<Table> {
         let bound = lifecycle
             .capacity
@@ -545,7 +562,7 @@ impl Table {
         })?;
         Ok(Table {
             index: Atomic::new(index),
-            rows: RowStore::with_ranks(dim, policy.is_some(), ranks),
+            rows: RowStore::with_ranks(dim, policy.is_some(), ranks, format),
             len: AtomicI64::new(0),
             epoch: Epoch::new(),
             policy,
@@ -647,7 +664,8 @@ impl Table {
     }
 
     /// Adds a slot column (`dim` values per row, for an optimizer) whose rows
-    /// all start at `initial`, existing rows included; returns its index.
+    /// all start at `initial` (rounded to the slot dtype), existing rows
+    /// included; returns its index.
     /// At most [`MAX_SLOTS`](crate::MAX_SLOTS) slots.
     pub fn add_slot(&self, initial: f32) -> Result<usize> {
         if !initial.is_finite() {
@@ -655,6 +673,15 @@ impl Table {
                 what: "slot initial value",
                 index: 0,
                 value: initial,
+            });
+        }
+        let dtype = self.rows.format().slots;
+        if !dtype.fits(initial) {
+            return Err(Error::OutOfRange {
+                what: "slot initial value",
+                index: 0,
+                value: initial,
+                dtype,
             });
         }
         self.rows.add_slot(initial).ok_or_else(|| {
@@ -694,6 +721,11 @@ impl Table {
     /// Values per row.
     pub fn dim(&self) -> usize {
         self.rows.dim()
+    }
+
+    /// How the rows store their numbers.
+    pub fn format(&self) -> RowFormat {
+        self.rows.format()
     }
 
     /// Number of keys (exact when no batch is in flight). In a bounded
@@ -1045,7 +1077,7 @@ impl Table {
             let p = positions.of(i);
             let delta = &deltas[p * dim..(p + 1) * dim];
             let mut overflow = None;
-            let mut add = |words: &[AtomicU64]| match add_row_if_finite(words, delta) {
+            let mut add = |words: &[AtomicU64]| match self.rows.add_if_fits(words, delta) {
                 Ok(()) => true,
                 Err(sum) => {
                     overflow = Some(sum);

@@ -77,7 +77,7 @@ use crate::update::{VersionedWrite, MAX_ROUNDS};
 use crate::variable::bucket_windows;
 use crate::RedisVariable;
 use dynemb::checkpoint::{save_rows, Reader, Rows, TableInfo};
-use dynemb::{BackendErrorKind, Error, Key, RestrictPolicy, Result};
+use dynemb::{BackendErrorKind, Dtype, Error, Key, RestrictPolicy, Result};
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -100,6 +100,8 @@ impl<K: Key> RedisVariable<K> {
             scores: self.restrict_policy(),
             shards: 1,
             slots,
+            value_dtype: Dtype::F32,
+            slot_dtype: Dtype::F32,
         };
         let initials: Vec<f32> = info.slots.iter().map(|&(_, v)| v).collect();
         let scored = self.restrict_policy().is_some();

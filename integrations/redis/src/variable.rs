@@ -13,8 +13,8 @@ use crate::meta::Meta;
 use crate::reply;
 use crate::scripts::{self, Lua};
 use dynemb::{
-    BackendErrorKind, Error, Initializer, Key, LifecycleStats, Partitioner, RestrictPolicy, Result,
-    SlotId, TableOptions, VariableBuilder,
+    BackendErrorKind, Dtype, Error, Initializer, Key, LifecycleStats, Partitioner, RestrictPolicy,
+    Result, SlotId, TableOptions, VariableBuilder,
 };
 use redis::Value;
 use std::collections::HashMap;
@@ -212,6 +212,22 @@ fn refuse_lifecycle(
     )))
 }
 
+/// Refuses half-precision values or slots: a Redis table stores `f32`.
+/// Its server-side scripts (`accum`'s addition, the module's commands) add
+/// in `f32` (or Lua's doubles) where a local table rounds every result to
+/// its dtype, so a Redis table could not round as a local one does.
+fn refuse_half_precision(name: &str, values: Dtype, slots: Dtype) -> Result<()> {
+    match [("value", values), ("slot", slots)]
+        .into_iter()
+        .find(|&(_, dtype)| dtype != Dtype::F32)
+    {
+        None => Ok(()),
+        Some((column, dtype)) => Err(Error::InvalidArgument(format!(
+            "variable {name:?}: a Redis table stores f32; its {column} dtype cannot be {dtype}"
+        ))),
+    }
+}
+
 impl<K: Key> RedisVariable<K> {
     /// Opens the Redis table that `builder` describes, on the servers of
     /// `config`: the same description a local [`Variable`](dynemb::Variable) is built from
@@ -225,7 +241,8 @@ impl<K: Key> RedisVariable<K> {
     /// with an [`Error::InvalidArgument`], a setting a Redis table cannot
     /// honour: more than one shard (its keys are spread over
     /// [`RedisConfig::buckets`] instead), a [`Partitioner::Custom`], and
-    /// a capacity, admission or an eviction listener (see the crate docs'
+    /// a half-precision value or slot dtype (a Redis table stores `f32`),
+    /// and a capacity, admission or an eviction listener (see the crate docs'
     /// row lifecycle; [`RedisVariable::expire`] and
     /// [`RedisVariable::restrict`] bound a Redis table).
     /// [`init_size`](dynemb::VariableBuilder::init_size) is accepted and
@@ -256,8 +273,13 @@ impl<K: Key> RedisVariable<K> {
             admission,
             on_evict,
             frequency_decay: _,
+            value_dtype,
+            slot_dtype,
+            // Rounding applies to half-precision columns only, refused below.
+            rounding: _,
         } = options;
         refuse_lifecycle(&name, capacity, admission, on_evict.is_some())?;
+        refuse_half_precision(&name, value_dtype, slot_dtype)?;
         let cluster = Cluster::connect(&config)?;
         let native = config.use_module && cluster.every_node_serves(&scripts::native_commands())?;
         let prefix = &config.prefix;
