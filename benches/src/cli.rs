@@ -110,7 +110,15 @@ pub struct Cli {
 }
 
 /// The names `--systems` knows.
-const SYSTEM_NAMES: [&str; 6] = ["dynemb", "dashmap", "papaya", "scc", "hashbrown", "dense"];
+const SYSTEM_NAMES: [&str; 7] = [
+    "dynemb",
+    "dynemb-bf16",
+    "dashmap",
+    "papaya",
+    "scc",
+    "hashbrown",
+    "dense",
+];
 
 impl Cli {
     /// The options this command line describes: lists without repeats,

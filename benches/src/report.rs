@@ -329,7 +329,12 @@ impl Figures<'_> {
 
     /// dynemb / dense reference at `op`.
     pub fn vs_dense(&self, op: Op, threads: usize) -> Option<f64> {
-        Some(self.get(System::Dynemb, op, threads)? / self.get(System::Dense, op, threads)?)
+        self.system_vs_dense(System::Dynemb, op, threads)
+    }
+
+    /// `system` / dense reference at `op`.
+    pub fn system_vs_dense(&self, system: System, op: Op, threads: usize) -> Option<f64> {
+        Some(self.get(system, op, threads)? / self.get(System::Dense, op, threads)?)
     }
 }
 
@@ -410,6 +415,10 @@ impl Report {
         header.extend(systems.iter().map(|s| s.name().to_owned()));
         header.push("dynemb/best peer".into());
         header.push("dynemb/dense".into());
+        let bf16 = systems.contains(&System::DynembBf16);
+        if bf16 {
+            header.push("dynemb-bf16/dense".into());
+        }
         let mut rows = Vec::new();
         for op in Op::ALL.into_iter().filter(|op| c.ops.contains(op)) {
             let threads: &[usize] = if op == Op::Export {
@@ -431,6 +440,9 @@ impl Report {
                         .map_or("-".into(), |(peer, r)| format!("{r:.2}x {}", peer.name())),
                 );
                 row.push(ratio(f.vs_dense(op, t)));
+                if bf16 {
+                    row.push(ratio(f.system_vs_dense(System::DynembBf16, op, t)));
+                }
                 rows.push(row);
             }
         }

@@ -516,22 +516,25 @@ fn run_apply(
 }
 
 /// Checks a freshly grown table: a batch of hits reads the rows that were
-/// inserted, a batch of misses reads the initializer's rows.
+/// inserted, a batch of misses reads the initializer's rows (both rounded to
+/// the store's dtype).
 ///
 /// # Panics
 /// On any wrong value: an adapter returning wrong rows would make every
 /// figure a lie.
 fn verify(store: &dyn Store, w: &Workload, init: &Initializer) {
     let (batch, dim) = (w.batch(), w.dim());
+    let dtype = store.dtype();
     let mut out = vec![0.0; batch * dim];
     let n = batch.min(w.uniform.len());
     store.lookup(w.uniform.batch(0..n), &mut out[..n * dim]);
     for (i, &r) in w.uniform.rows[..n].iter().enumerate() {
         // Key `r` was inserted as row `r % batch` of the value batch.
-        let want = &w.values[(r as usize % batch) * dim..][..dim];
+        let mut want = w.values[(r as usize % batch) * dim..][..dim].to_vec();
+        dtype.round_slice(&mut want);
         assert_eq!(
             &out[i * dim..(i + 1) * dim],
-            want,
+            &want[..],
             "{}: hit row",
             store.system().name()
         );
@@ -541,6 +544,7 @@ fn verify(store: &dyn Store, w: &Workload, init: &Initializer) {
     let mut want = vec![0.0; dim];
     for (i, &key) in w.misses.keys[..n].iter().enumerate() {
         init.fill(key, &mut want);
+        dtype.round_slice(&mut want);
         assert_eq!(
             &out[i * dim..(i + 1) * dim],
             &want[..],

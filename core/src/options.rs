@@ -334,8 +334,9 @@ impl<K: Key> VariableBuilder<K> {
     /// (default [`Dtype::F32`]), independently of the values: a slot's
     /// initial value is rounded to it, and an update that leaves a slot
     /// value out of its range is refused for that row. In f16, values
-    /// below about `6e-8` round to zero: Adam's `v` (squared gradients)
-    /// can vanish there, so bf16, with `f32`'s range, suits slots better.
+    /// below about `3e-8` round to zero (and those below `6e-5` keep fewer
+    /// bits, as subnormals): Adam's `v` (squared gradients) can vanish
+    /// there, so bf16, with `f32`'s range, suits slots better.
     pub fn slot_dtype(mut self, dtype: Dtype) -> Self {
         self.options.slot_dtype = dtype;
         self

@@ -67,7 +67,7 @@
 use crate::harness::{batches, rate, run_split};
 use crate::peers::{Spec, System};
 use crate::workload::{Batch, Picks, Workload};
-use dynemb::Key;
+use dynemb::{Dtype, Key};
 use dynemb_optim::dedup::Dedup;
 use dynemb_optim::{ParamsAdagrad, ParamsAdam, ParamsSgd, Rule};
 use serde::Serialize;
@@ -180,6 +180,12 @@ pub trait Trainer: Sync {
     /// Copies a stored key's value row and slot rows, back to back, into
     /// `out` ([`Optimizer::row_len`] values); `row` is its dense row index.
     fn read(&self, key: u64, row: u32, out: &mut [f32]);
+
+    /// How it stores values and slots: each step's result is stored
+    /// rounded to this.
+    fn dtype(&self) -> Dtype {
+        Dtype::F32
+    }
 }
 
 /// A system's table of value and slot rows, as [`Stepped`] drives it.
@@ -420,10 +426,13 @@ pub fn check_first_steps(trainer: &dyn Trainer, w: &Workload) {
         trainer.apply(b, w.grads_for(b.len()));
     }
     assert_eq!(trainer.steps(), 2, "{}: steps", trainer.system().name());
+    let dtype = trainer.dtype();
     for (key, r) in steps.iter().flat_map(|b| sample(*b)) {
         let mut want = initial_row(optimizer, w, r);
+        dtype.round_slice(&mut want);
         for (t, b) in (1..).zip(steps) {
             model_step(optimizer, t, b, w.grads_for(b.len()), key, &mut want);
+            dtype.round_slice(&mut want);
         }
         let got = read(trainer, key, r, dim);
         assert_rows(trainer, key, &got, &want, "after the first two steps");
@@ -450,6 +459,7 @@ pub fn check_next_step(trainer: &dyn Trainer, w: &Workload) {
     assert_eq!(trainer.steps(), t, "{}: steps", trainer.system().name());
     for (&(key, r), mut want) in keys.iter().zip(before) {
         model_step(optimizer, t, b, w.grads_for(b.len()), key, &mut want);
+        trainer.dtype().round_slice(&mut want);
         let got = read(trainer, key, r, dim);
         assert_rows(trainer, key, &got, &want, &format!("after step {t}"));
     }

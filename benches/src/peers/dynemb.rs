@@ -1,6 +1,7 @@
 //! dynemb through its public batched API: one call per batch on any
 //! [`EmbeddingTable`] with `u64` keys; `compare` builds a [`Variable<u64>`]
-//! with the builder's defaults.
+//! with the builder's defaults, values and slots stored as `f32` (system
+//! `dynemb`) or as bf16 (`dynemb-bf16`).
 //!
 //! - Shards: one. Batches from several threads run concurrently on the one
 //!   lock-free table; more shards would only split each batch by key first.
@@ -18,37 +19,54 @@
 use super::{Spec, Store, System};
 use crate::apply::{Optimizer, Trainer};
 use crate::workload::Batch;
-use dynemb::{EmbeddingTable, Variable};
+use dynemb::{Dtype, EmbeddingTable, Variable};
 use dynemb_optim::{Rule, Sparse, SparseOptimizer};
 
-/// An empty variable for `spec`.
-fn variable(spec: &Spec) -> Variable<u64> {
+/// An empty variable for `spec` storing values and slots as `dtype`.
+fn variable(spec: &Spec, dtype: Dtype) -> Variable<u64> {
     Variable::<u64>::builder("bench")
         .dim(spec.dim)
         .initializer(spec.initializer.clone())
+        .value_dtype(dtype)
+        .slot_dtype(dtype)
         .build()
         .expect("valid variable settings")
+}
+
+/// The system of a variable storing `dtype`.
+fn system_of(dtype: Dtype) -> System {
+    match dtype {
+        Dtype::Bf16 => System::DynembBf16,
+        _ => System::Dynemb,
+    }
 }
 
 /// A dynemb table, for the table ops.
 pub struct Dynemb<T = Variable<u64>> {
     var: T,
+    /// How it stores values.
+    dtype: Dtype,
     /// `exists` for `accum`: all true, one batch long.
     all_exist: Vec<bool>,
 }
 
 impl Dynemb {
-    /// An empty variable for `spec`.
-    pub fn new(spec: &Spec) -> Self {
-        Dynemb::of(variable(spec), spec.batch)
+    /// An empty variable for `spec` storing `dtype`.
+    pub fn new(spec: &Spec, dtype: Dtype) -> Self {
+        Dynemb {
+            dtype,
+            ..Dynemb::of(variable(spec, dtype), spec.batch)
+        }
     }
 }
 
 impl<T> Dynemb<T> {
-    /// The adapter of `table`, for batches of at most `batch` keys.
+    /// The adapter of `table` (storing `f32`), for batches of at most
+    /// `batch` keys.
     pub fn of(table: T, batch: usize) -> Self {
         Dynemb {
             var: table,
+            dtype: Dtype::F32,
             all_exist: vec![true; batch],
         }
     }
@@ -56,7 +74,11 @@ impl<T> Dynemb<T> {
 
 impl<T: EmbeddingTable<Key = u64> + Sync> Store for Dynemb<T> {
     fn system(&self) -> System {
-        System::Dynemb
+        system_of(self.dtype)
+    }
+
+    fn dtype(&self) -> Dtype {
+        self.dtype
     }
 
     fn insert(&self, batch: Batch<'_>, values: &[f32]) {
@@ -103,6 +125,8 @@ impl<T: EmbeddingTable<Key = u64> + Sync> Store for Dynemb<T> {
 pub struct DynembTrainer<R: Rule, T = Variable<u64>> {
     /// Which optimizer `R` is.
     optimizer: Optimizer,
+    /// How the table stores values and slots.
+    dtype: Dtype,
     /// The table.
     var: T,
     /// The optimizer, with its step count.
@@ -112,9 +136,13 @@ pub struct DynembTrainer<R: Rule, T = Variable<u64>> {
 }
 
 impl<R: Rule> DynembTrainer<R> {
-    /// An empty variable for `spec`, and the optimizer with `params`.
-    pub fn new(optimizer: Optimizer, params: R, spec: &Spec) -> Self {
-        DynembTrainer::of(variable(spec), optimizer, params)
+    /// An empty variable for `spec` storing `dtype`, and the optimizer
+    /// with `params`.
+    pub fn new(optimizer: Optimizer, params: R, spec: &Spec, dtype: Dtype) -> Self {
+        DynembTrainer {
+            dtype,
+            ..DynembTrainer::of(variable(spec, dtype), optimizer, params)
+        }
     }
 }
 
@@ -124,6 +152,7 @@ impl<R: Rule, T> DynembTrainer<R, T> {
         let slot_names = params.slots().into_iter().map(|(name, _)| name).collect();
         DynembTrainer {
             optimizer,
+            dtype: Dtype::F32,
             var: table,
             opt: Sparse::new(params).expect("valid hyperparameters"),
             slot_names,
@@ -133,7 +162,7 @@ impl<R: Rule, T> DynembTrainer<R, T> {
 
 impl<R: Rule, T: EmbeddingTable<Key = u64> + Sync> Trainer for DynembTrainer<R, T> {
     fn system(&self) -> System {
-        System::Dynemb
+        system_of(self.dtype)
     }
 
     fn optimizer(&self) -> Optimizer {
@@ -150,6 +179,10 @@ impl<R: Rule, T: EmbeddingTable<Key = u64> + Sync> Trainer for DynembTrainer<R, 
 
     fn steps(&self) -> u64 {
         self.opt.steps()
+    }
+
+    fn dtype(&self) -> Dtype {
+        self.dtype
     }
 
     fn read(&self, key: u64, _row: u32, out: &mut [f32]) {

@@ -2,12 +2,15 @@
 //! for the table ops ([`Store`]) and, where it runs them, for the optimizer
 //! steps ([`crate::apply::Trainer`]).
 //!
-//! Every system stores rows of `dim` `f32` keyed by `u64`, takes the same
-//! batches ([`Batch`]) and is used the way its documentation recommends:
+//! Every system stores rows of `dim` `f32` keyed by `u64` (`dynemb-bf16`
+//! stores them rounded to bf16, half the bytes; the API is `f32` still),
+//! takes the same batches ([`Batch`]) and is used the way its documentation
+//! recommends:
 //!
 //! | system | table ops | optimizer steps |
 //! |---|---|---|
 //! | [`dynemb`] | `Variable<u64>`, the public batched API | `dynemb-optim`'s `apply` on the variable |
+//! | `dynemb-bf16` | the same, values and slots stored as bf16 | the same |
 //! | [`dashmap`] | `DashMap<u64, Box<[f32]>>`, per key | `get_mut` and the kernel in place |
 //! | [`papaya`] | `papaya::HashMap<u64, Box<[f32]>>`, per key, one pin per batch | `Mutex<Box<[f32]>>` values, the kernel under the row's lock |
 //! | [`scc`] | `scc::HashMap<u64, Box<[f32]>>`, its sync API, per key | `update_sync` running the kernel |
@@ -35,7 +38,7 @@ pub mod scc;
 
 use crate::apply::{adagrad, adam, sgd, Optimizer, Stepped, Trainer};
 use crate::workload::Batch;
-use ::dynemb::Initializer;
+use ::dynemb::{Dtype, Initializer};
 use dynemb_optim::Rule;
 use serde::Serialize;
 
@@ -78,6 +81,12 @@ pub trait Store: Sync {
     /// Bytes the system reports holding, if it reports any.
     fn memory_bytes(&self) -> Option<usize> {
         None
+    }
+
+    /// How the system stores values: what it reads back is what was written
+    /// rounded to this.
+    fn dtype(&self) -> Dtype {
+        Dtype::F32
     }
 }
 
@@ -202,6 +211,9 @@ pub enum System {
     /// dynemb's `Variable<u64>`.
     #[serde(rename = "dynemb")]
     Dynemb,
+    /// dynemb's `Variable<u64>` storing values and slots as bf16.
+    #[serde(rename = "dynemb-bf16")]
+    DynembBf16,
     /// `dashmap::DashMap`.
     #[serde(rename = "dashmap")]
     DashMap,
@@ -221,8 +233,9 @@ pub enum System {
 
 impl System {
     /// Every system, in report order.
-    pub const ALL: [System; 6] = [
+    pub const ALL: [System; 7] = [
         System::Dynemb,
+        System::DynembBf16,
         System::DashMap,
         System::Papaya,
         System::Scc,
@@ -234,6 +247,7 @@ impl System {
     pub fn name(self) -> &'static str {
         match self {
             System::Dynemb => "dynemb",
+            System::DynembBf16 => "dynemb-bf16",
             System::DashMap => "dashmap",
             System::Papaya => "papaya",
             System::Scc => "scc",
@@ -253,7 +267,7 @@ impl System {
     /// True for the hash maps dynemb is compared with (not dynemb, not the
     /// dense reference).
     pub fn is_peer(self) -> bool {
-        !matches!(self, System::Dynemb | System::Dense)
+        !matches!(self, System::Dynemb | System::DynembBf16 | System::Dense)
     }
 
     /// Whether this system runs `op` at all: the dense reference has no
@@ -271,7 +285,8 @@ impl System {
     /// An empty table of this system for `spec`.
     pub fn build(self, spec: &Spec) -> Box<dyn Store> {
         match self {
-            System::Dynemb => Box::new(dynemb::Dynemb::new(spec)),
+            System::Dynemb => Box::new(dynemb::Dynemb::new(spec, Dtype::F32)),
+            System::DynembBf16 => Box::new(dynemb::Dynemb::new(spec, Dtype::Bf16)),
             System::DashMap => Box::new(dashmap::DashMapPeer::new(spec)),
             System::Papaya => Box::new(papaya::Papaya::<Box<[f32]>>::new(spec)),
             System::Scc => Box::new(scc::SccPeer::new(spec)),
@@ -298,7 +313,18 @@ impl System {
         spec: &Spec,
     ) -> Option<Box<dyn Trainer>> {
         Some(match self {
-            System::Dynemb => Box::new(dynemb::DynembTrainer::new(optimizer, params, spec)),
+            System::Dynemb => Box::new(dynemb::DynembTrainer::new(
+                optimizer,
+                params,
+                spec,
+                Dtype::F32,
+            )),
+            System::DynembBf16 => Box::new(dynemb::DynembTrainer::new(
+                optimizer,
+                params,
+                spec,
+                Dtype::Bf16,
+            )),
             System::Dense => Box::new(Stepped::<dense::Dense, R>::new(optimizer, params, spec)),
             System::DashMap => Box::new(Stepped::<dashmap::DashMapPeer, R>::new(
                 optimizer, params, spec,

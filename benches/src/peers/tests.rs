@@ -28,20 +28,32 @@ fn spec(initializer: Initializer) -> Spec {
     }
 }
 
-/// The model: key -> row, and the initializer for missing keys.
+/// The model: key -> row, and the initializer for missing keys; rows as
+/// the store keeps them, rounded to its dtype.
 struct Model {
     rows: HashMap<u64, Vec<f32>>,
     init: Initializer,
+    dtype: Dtype,
 }
 
 impl Model {
+    /// Sets `key`'s row to `row`, rounded.
+    fn set(&mut self, key: u64, row: &[f32]) {
+        let mut row = row.to_vec();
+        self.dtype.round_slice(&mut row);
+        self.rows.insert(key, row);
+    }
+
     fn lookup(&self, keys: &[u64]) -> Vec<f32> {
         let mut out = vec![0.0; keys.len() * DIM];
         for (i, k) in keys.iter().enumerate() {
             let dst = &mut out[i * DIM..(i + 1) * DIM];
             match self.rows.get(k) {
                 Some(r) => dst.copy_from_slice(r),
-                None => self.init.fill(*k, dst),
+                None => {
+                    self.init.fill(*k, dst);
+                    self.dtype.round_slice(dst);
+                }
             }
         }
         out
@@ -87,6 +99,7 @@ fn exercise(system: System, init: Initializer) {
     let mut model = Model {
         rows: HashMap::new(),
         init,
+        dtype: store.dtype(),
     };
 
     // Insert the first 250 keys, batch by batch (the dense reference has a
@@ -101,7 +114,7 @@ fn exercise(system: System, init: Initializer) {
         let v = values(n, b.len());
         store.insert(b, &v);
         for (i, &k) in b.keys.iter().enumerate() {
-            model.rows.insert(k, v[i * DIM..(i + 1) * DIM].to_vec());
+            model.set(k, &v[i * DIM..(i + 1) * DIM]);
         }
         n += 1;
     });
@@ -127,7 +140,7 @@ fn exercise(system: System, init: Initializer) {
         let v = values(n, b.len());
         store.upsert(b, &v);
         for (i, &k) in b.keys.iter().enumerate() {
-            model.rows.insert(k, v[i * DIM..(i + 1) * DIM].to_vec());
+            model.set(k, &v[i * DIM..(i + 1) * DIM]);
         }
         n += 1;
     });
@@ -143,10 +156,11 @@ fn exercise(system: System, init: Initializer) {
     batches(&accumulated, |b| {
         let d = values(n, b.len());
         store.accum(b, &d);
+        let dtype = model.dtype;
         for (i, &k) in b.keys.iter().enumerate() {
             if let Some(r) = model.rows.get_mut(&k) {
                 for (x, y) in r.iter_mut().zip(&d[i * DIM..(i + 1) * DIM]) {
-                    *x += y;
+                    *x = dtype.round(*x + y);
                 }
             }
         }
