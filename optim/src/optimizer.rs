@@ -444,13 +444,17 @@ fn check_slots<R: Rule, S: EmbeddingStore>(params: &R, store: &S) -> Result<()> 
 }
 
 /// The ids of the rule's slots that `store` holds already, each checked
-/// to have the rule's initial value ([`Error::Mismatch`] otherwise).
+/// to have the rule's initial value, as the store holds it (rounded to its
+/// slot dtype; [`Error::Mismatch`] otherwise).
 fn existing_slots<R: Rule, S: EmbeddingStore>(params: &R, store: &S) -> Result<Vec<SlotId>> {
     let mut existing_ids = Vec::new();
     for (name, initial) in params.slots() {
         if let Ok(id) = store.slot_id(name) {
             let existing = store.slot_initial(id)?;
-            if existing != initial {
+            // A store reports the initial value it holds: rounded to its
+            // slot dtype, which may not be `initial` itself (0.2 in bf16),
+            // so a differing one is asked of the store, which rounds.
+            if existing != initial && store.check_create_slots(&[(name, initial)]).is_err() {
                 return Err(Error::Mismatch {
                     name: format!("{}/{name}", store.name()),
                     existing: format!("slot with initial value {existing}"),
