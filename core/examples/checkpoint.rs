@@ -2,18 +2,24 @@
 //! policy for a few steps, saves it to a checkpoint directory and restores it
 //! (values, slot and scores) into a variable with another shard count.
 //!
-//! `cargo run --release -p dynemb --example checkpoint [-- DIR]`
-//! (default `target/checkpoint-example`). The README shows how to read the
-//! same directory from Python.
+//! `cargo run --release -p dynemb --example checkpoint [-- DIR [DTYPE]]`
+//! (default `target/checkpoint-example`, `f32`). With `DTYPE` `f16` or
+//! `bf16` the variable stores its values and slot in that dtype, and so
+//! does the checkpoint; the restore is into `f32` rows, which hold them
+//! exactly. The README shows how to read the same directory from Python.
 
-use dynemb::{Initializer, RestrictPolicy, Variable};
+use dynemb::{Dtype, Initializer, RestrictPolicy, Variable};
 
 fn main() -> dynemb::Result<()> {
-    let dir = std::env::args()
-        .nth(1)
+    let mut args = std::env::args().skip(1);
+    let dir = args
+        .next()
         .unwrap_or_else(|| "target/checkpoint-example".to_string());
+    let dtype: Dtype = args.next().as_deref().unwrap_or("f32").parse()?;
     let emb = Variable::<i64>::builder("user_emb")
         .dim(8)
+        .value_dtype(dtype)
+        .slot_dtype(dtype)
         .shards(2)
         .initializer(Initializer::RandomNormal {
             mean: 0.0,
@@ -43,7 +49,11 @@ fn main() -> dynemb::Result<()> {
     let mut rows = vec![0.0; keys.len() * 8];
     emb.lookup(&keys, &mut rows)?;
     emb.save(&dir)?;
-    println!("saved {} rows of {} to {dir}", emb.size(), emb.name());
+    println!(
+        "saved {} rows of {} ({dtype}) to {dir}",
+        emb.size(),
+        emb.name()
+    );
 
     let restored = Variable::<i64>::builder("user_emb")
         .dim(8)
