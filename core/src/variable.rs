@@ -730,6 +730,16 @@ impl<K: Key> Variable<K> {
             .ok_or_else(|| self.no_slot(slot))
     }
 
+    /// The initial value `slot` was created with, before rounding to the
+    /// slot dtype: what a checkpoint records, so that restoring it into
+    /// another slot dtype starts the slot where the same request would.
+    pub(crate) fn slot_initial_asked(&self, slot: SlotId) -> Result<f32> {
+        self.check_slot(slot)?;
+        self.inner.shards[0]
+            .slot_initial_asked(slot.index)
+            .ok_or_else(|| self.no_slot(slot))
+    }
+
     /// Checks that `slot` is a column of this variable.
     fn check_slot(&self, slot: SlotId) -> Result<()> {
         crate::checks::check_slot(self.inner.id, self.name(), slot)?;

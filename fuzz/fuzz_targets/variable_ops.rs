@@ -4,9 +4,13 @@
 //! The input picks a key type (i64, u64, i32, u32), a dim (1, 3, 8, 17), 1
 //! to 4 shards, a partitioner (modulo, a custom hash, or a custom one that
 //! names a shard out of range for one key), an exact initializer, a
-//! restrict policy (none, frequency, timestamp) and a list of operations.
-//! Values are small integers, so the model's sums are exact and rows are
-//! compared with `==`.
+//! restrict policy (none, frequency, timestamp), the value and slot dtypes
+//! (f32, f16, bf16 each) and a list of operations. Values are small
+//! integers, so the model's sums are exact in `f32` and rows are compared
+//! with `==`; with a half dtype the model rounds every value it writes to
+//! the dtype (an accumulation: `round(old + delta)`, in `f32`), and a
+//! result that leaves the dtype's range (an f16 row that optimizer steps
+//! grew past 65504) is refused for its row with `OutOfRange`.
 //!
 //! The model (TFRA semantics, as documented on `Variable`):
 //! - `lookup`/`lookup_with_exists` never insert; a missing key reads the
@@ -22,7 +26,8 @@
 //!   one left it (a missing key: the initializer's row and every slot's
 //!   initial value), once; a row it leaves non-finite is not written (a
 //!   missing key is not inserted) and the call returns `NonFinite` with the
-//!   first such position;
+//!   first such position (`OutOfRange` for a row that does not fit its
+//!   dtypes, likewise);
 //! - slots: `create_slot` adds a column whose rows all start at its initial
 //!   value (existing rows included), again returns the same id (an equal
 //!   initial value) or `Mismatch`; at most `MAX_SLOTS`;
@@ -42,7 +47,7 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use dynemb::{Error, Initializer, Partitioner, RestrictPolicy, SlotId, Variable, MAX_SLOTS};
+use dynemb::{Dtype, Error, Initializer, Partitioner, RestrictPolicy, SlotId, Variable, MAX_SLOTS};
 use dynemb_fuzz::{accum_effects, small, small_row, AccumEffect, FuzzKey, DIMS, KEYS};
 use libfuzzer_sys::fuzz_target;
 use std::collections::HashMap;
@@ -119,6 +124,9 @@ struct Case {
     init: Init,
     policy: Policy,
     part: Part,
+    /// The value dtype (`% 3`) and the slot dtype (`/ 3 % 3`), of
+    /// `Dtype::ALL`.
+    dtypes: u8,
     ops: Vec<Op>,
 }
 
@@ -209,6 +217,9 @@ struct Runner<K: FuzzKey> {
     part: Part,
     policy: Policy,
     init_row: Vec<f32>,
+    /// How values and slot rows are stored.
+    value_dtype: Dtype,
+    slot_dtype: Dtype,
     /// `(SLOTS index, id, initial)` in creation order.
     created: Vec<(usize, SlotId, f32)>,
     model: HashMap<u64, Row>,
@@ -254,7 +265,12 @@ impl<K: FuzzKey> Runner<K> {
                 vec![m as f32; dim],
             ),
         };
+        let value_dtype = Dtype::ALL[case.dtypes as usize % 3];
+        let slot_dtype = Dtype::ALL[case.dtypes as usize / 3 % 3];
+        let init_row = init_row.iter().map(|&v| value_dtype.round(v)).collect();
         let mut builder = Variable::<K>::builder("fuzz")
+            .value_dtype(value_dtype)
+            .slot_dtype(slot_dtype)
             .dim(dim)
             .shards(shards)
             .init_size(case.init_size as usize % 5)
@@ -290,6 +306,8 @@ impl<K: FuzzKey> Runner<K> {
             part: case.part,
             policy: case.policy,
             init_row,
+            value_dtype,
+            slot_dtype,
             created: Vec::new(),
             model: HashMap::new(),
             call: 0,
@@ -414,8 +432,9 @@ impl<K: FuzzKey> Runner<K> {
                 r.expect("upsert");
                 for (r, &k) in keys.iter().enumerate() {
                     let fresh = self.fresh_row(Vec::new());
+                    let stored = self.round_values(&values[r * dim..(r + 1) * dim]);
                     let row = self.model.entry(k.to_bits()).or_insert(fresh);
-                    row.values = values[r * dim..(r + 1) * dim].to_vec();
+                    row.values = stored;
                     let old = row.score;
                     let score = self.write_score(k, old);
                     self.model.get_mut(&k.to_bits()).unwrap().score = score;
@@ -599,30 +618,53 @@ impl<K: FuzzKey> Runner<K> {
         if self.refused(keys) {
             return self.expect_refused("accum", r);
         }
-        r.expect("accum");
         let bits: Vec<u64> = keys.iter().map(|k| k.to_bits()).collect();
         let effects = accum_effects(&bits, exists, |b| self.model.contains_key(&b));
+        // The first occurrence whose sum does not fit the value dtype.
+        let mut out_of_range = None;
         for (r, (&k, effect)) in keys.iter().zip(effects).enumerate() {
             let delta = &deltas[r * dim..(r + 1) * dim];
             let bits = k.to_bits();
             match effect {
                 AccumEffect::Ignore => {}
                 AccumEffect::Insert => {
-                    let mut row = self.fresh_row(delta.to_vec());
+                    let mut row = self.fresh_row(self.round_values(delta));
                     row.score = self.write_score(k, 0);
                     self.model.insert(bits, row);
                 }
                 AccumEffect::Add => {
+                    let sums: Vec<f32> = self.model[&bits]
+                        .values
+                        .iter()
+                        .zip(delta)
+                        .map(|(x, d)| x + d)
+                        .collect();
+                    if !sums.iter().all(|&v| self.value_dtype.fits(v)) {
+                        out_of_range.get_or_insert(r);
+                        continue;
+                    }
                     let old = self.model[&bits].score;
                     let score = self.write_score(k, old);
+                    let values = self.round_values(&sums);
                     let row = self.model.get_mut(&bits).expect("added to a present row");
-                    for (x, d) in row.values.iter_mut().zip(delta) {
-                        *x += d;
-                    }
+                    row.values = values;
                     row.score = score;
                 }
             }
         }
+        match out_of_range {
+            None => r.expect("accum"),
+            Some(at) => assert!(
+                matches!(r, Err(Error::OutOfRange { what: "accum result", index, .. }) if index == at),
+                "accum whose sum at #{at} leaves {}: {r:?}",
+                self.value_dtype
+            ),
+        }
+    }
+
+    /// `values` rounded to the value dtype.
+    fn round_values(&self, values: &[f32]) -> Vec<f32> {
+        values.iter().map(|&v| self.value_dtype.round(v)).collect()
     }
 
     fn create_slot(&mut self, which: usize, kind: CreateKind) {
@@ -687,6 +729,7 @@ impl<K: FuzzKey> Runner<K> {
             None => {
                 let id = r.expect("create_slot");
                 assert_eq!(id.index(), self.created.len(), "index of slot {name}");
+                let initial = self.slot_dtype.round(initial);
                 assert_eq!(self.var.slot_initial(id), Ok(initial));
                 self.created.push((which, id, initial));
                 for row in self.model.values_mut() {
@@ -739,6 +782,8 @@ impl<K: FuzzKey> Runner<K> {
         }
         // The model, occurrence by occurrence: what each update gets.
         let mut inputs = Vec::with_capacity(keys.len());
+        // The first occurrence whose result does not fit the dtypes.
+        let mut out_of_range = None;
         for (pos, &k) in keys.iter().enumerate() {
             let bits = k.to_bits();
             let mut row = match self.model.get(&bits) {
@@ -752,8 +797,18 @@ impl<K: FuzzKey> Runner<K> {
                 continue;
             }
             step(seed, pos, &mut row.values, &mut slot_rows);
+            let fits = row.values.iter().all(|&v| self.value_dtype.fits(v))
+                && slot_rows.iter().all(|&v| self.slot_dtype.fits(v));
+            if !fits {
+                out_of_range.get_or_insert(pos);
+                continue;
+            }
+            row.values = self.round_values(&row.values);
             for (j, &i) in listed.iter().enumerate() {
-                row.slots[i] = slot_rows[j * dim..(j + 1) * dim].to_vec();
+                row.slots[i] = slot_rows[j * dim..(j + 1) * dim]
+                    .iter()
+                    .map(|&v| self.slot_dtype.round(v))
+                    .collect();
             }
             let old = self.model.get(&bits).map_or(0, |r| r.score);
             row.score = self.write_score(k, old);
@@ -780,12 +835,27 @@ impl<K: FuzzKey> Runner<K> {
             calls.iter().all(|&c| c == 1),
             "update calls per position: {calls:?}"
         );
-        match poison {
-            None => r.expect("update_rows"),
-            Some((at, _)) => assert!(
-                matches!(r, Err(Error::NonFinite { index, .. }) if index == at),
+        let poisoned = poison.map(|(at, _)| at);
+        match (poisoned, out_of_range) {
+            (None, None) => r.expect("update_rows"),
+            // A poisoned row whose values are also out of range may be
+            // reported either way.
+            (Some(at), oor) if oor.is_none_or(|o| at < o) => assert!(
+                matches!(
+                    r,
+                    Err(Error::NonFinite { index, .. } | Error::OutOfRange { index, .. })
+                        if index == at
+                ),
                 "update_rows leaving a NaN at #{at}: {r:?}"
             ),
+            (_, Some(at)) => assert!(
+                matches!(
+                    r,
+                    Err(Error::OutOfRange { what: "update_rows result", index, .. }) if index == at
+                ),
+                "update_rows whose result at #{at} leaves the dtypes: {r:?}"
+            ),
+            (Some(_), None) => unreachable!("handled above"),
         }
     }
 

@@ -191,7 +191,8 @@ fn scores_field<'de, D: serde::Deserializer<'de>>(
 pub(crate) struct SlotEntry {
     /// The slot's name (its tensor is `slot.<name>`).
     pub name: String,
-    /// The value its rows start at.
+    /// The value its rows start at, as it was asked for (before rounding
+    /// to the slot dtype).
     pub initial: f32,
 }
 

@@ -101,8 +101,13 @@
 //! rounded to the variable's dtypes (to nearest even), and a value that
 //! does not fit them (an `f32` checkpoint's `70000.0` into an `f16`
 //! variable) is an [`Error::OutOfRange`] found by the check, before
-//! anything changes. A saved slot's initial value is compared with a slot
-//! the variable has after both are rounded to the variable's slot dtype.
+//! anything changes. A slot's initial value is saved as it was asked for,
+//! before rounding to the slot dtype, so a checkpoint of one slot dtype
+//! restores into another as if the slot had been created there: a slot it
+//! creates starts at that value rounded to the variable's slot dtype, and
+//! it is compared with a slot the variable has after both are rounded to
+//! the variable's slot dtype (an optimizer asking for its slots again,
+//! before or after the restore, finds them equal).
 //!
 //! Checkpoint bytes are untrusted: `index.json` is read only up to 64 MiB,
 //! a data file only if it is a regular file no larger than a save of these
@@ -334,7 +339,7 @@ fn write_checkpoint<K: Key>(variable: &Variable<K>, staging: &Path) -> Result<()
     let slots = slot_names
         .iter()
         .map(|name| {
-            let initial = variable.slot_initial(variable.slot_id(name)?)?;
+            let initial = variable.slot_initial_asked(variable.slot_id(name)?)?;
             Ok(SlotEntry {
                 name: name.clone(),
                 initial,

@@ -214,7 +214,7 @@ where
                 .iter()
                 .map(|(name, initial)| SlotEntry {
                     name: name.clone(),
-                    initial: info.slot_dtype.round(*initial),
+                    initial: *initial,
                 })
                 .collect(),
             scores: info.scores.map(|p| p.name().to_string()),

@@ -249,6 +249,8 @@ impl Score {
 pub(crate) struct SlotColumn {
     column: Column,
     codec: Codec,
+    /// The initial value as asked for, before rounding to the dtype.
+    asked: f32,
 }
 
 impl SlotColumn {
@@ -257,6 +259,7 @@ impl SlotColumn {
         SlotColumn {
             column: Column::new(codec.words(dim)),
             codec,
+            asked: initial,
         }
     }
 
@@ -449,6 +452,12 @@ impl RowStore {
     /// The initial value of slot column `slot`, if it exists.
     pub(crate) fn slot_initial(&self, slot: usize) -> Option<f32> {
         (slot < self.slot_count()).then(|| self.slot(slot).codec.initial())
+    }
+
+    /// The initial value slot column `slot` was added with, before rounding
+    /// to the slot dtype, if it exists.
+    pub(crate) fn slot_initial_asked(&self, slot: usize) -> Option<f32> {
+        (slot < self.slot_count()).then(|| self.slot(slot).asked)
     }
 
     /// Adds a slot column whose rows start at `initial` rounded to the slot

@@ -699,6 +699,12 @@ impl Table {
         self.rows.slot_initial(slot)
     }
 
+    /// The initial value slot column `slot` was added with, before
+    /// rounding to the slot dtype (what checkpoints record), if it exists.
+    pub fn slot_initial_asked(&self, slot: usize) -> Option<f32> {
+        self.rows.slot_initial_asked(slot)
+    }
+
     /// Checks that every slot index names an existing slot column, once.
     fn check_slots(&self, slots: impl IntoIterator<Item = usize>) -> Result<()> {
         let count = self.slot_count();
