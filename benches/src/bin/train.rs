@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! cargo run --release -p dynemb-benches --bin train -- [--quick] [--steps N]
-//!     [--warmup W] [--threads T] [--models M[,M..]] [--json FILE] [--glibc-malloc]
+//!     [--warmup W] [--threads T] [--models M[,M..]] [--dtype D] [--slot-dtype D]
+//!     [--json FILE] [--glibc-malloc]
 //! ```
 //!
 //! Progress goes to stderr; the report (Markdown tables) to stdout. See
@@ -76,6 +77,8 @@ fn run_all(options: &TrainOptions) -> Result<()> {
             batch: BATCH,
             fields: FIELDS,
             dim: DIM,
+            value_dtype: options.dtypes.values.to_string(),
+            slot_dtype: options.dtypes.slots.to_string(),
             vocab: VOCAB,
             zipf_exponent: ZIPF_EXPONENT,
             steps: options.steps,

@@ -1,6 +1,7 @@
 //! The `train` binary's flags.
 //!
-//! Defaults: 10 warm-up and 50 timed steps per run, 2 threads, every model.
+//! Defaults: 10 warm-up and 50 timed steps per run, 2 threads, every model,
+//! dynemb tables in f32 (`--dtype`, `--slot-dtype`: f16 or bf16).
 //! `--quick` (CI): 2 warm-up and 3 timed steps; `--steps` and `--warmup`
 //! still apply on top. The workload holds one batch per step of the longest
 //! run, so no run sees a batch twice.
@@ -11,7 +12,9 @@ use clap::builder::PossibleValuesParser;
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser};
 
-use crate::train::dynemb_model::Way;
+use dynemb::Dtype;
+
+use crate::train::dynemb_model::{TableDtypes, Way};
 use crate::train::head::HeadKind;
 use crate::train::run::Steps;
 use crate::train::ModelSpec;
@@ -53,6 +56,12 @@ pub struct Cli {
         value_parser = PossibleValuesParser::new(MODEL_NAMES),
     )]
     models: Option<Vec<String>>,
+    /// How the dynemb tables store their embedding values: f32, f16 or bf16.
+    #[arg(long, value_name = "DTYPE", default_value_t = Dtype::F32, value_parser = dtype)]
+    dtype: Dtype,
+    /// How the dynemb tables store their Adam slots: f32, f16 or bf16.
+    #[arg(long, value_name = "DTYPE", default_value_t = Dtype::F32, value_parser = dtype)]
+    slot_dtype: Dtype,
     /// Also write every figure as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -75,9 +84,13 @@ impl Cli {
         let names = self
             .models
             .unwrap_or_else(|| MODEL_NAMES.map(String::from).to_vec());
+        let dtypes = TableDtypes {
+            values: self.dtype,
+            slots: self.slot_dtype,
+        };
         let models: Vec<ModelSpec> = names
             .iter()
-            .flat_map(|m| runs_of(m).expect("a listed name"))
+            .flat_map(|m| runs_of(m, dtypes).expect("a listed name"))
             .collect();
         if let Some(index) = self.run_only.filter(|&i| i >= models.len()) {
             return Err(Cli::command().error(
@@ -94,6 +107,7 @@ impl Cli {
                 timed: self.steps.unwrap_or(default_steps),
             },
             threads: self.threads,
+            dtypes,
             models,
             json: self.json,
             quick: self.quick,
@@ -120,6 +134,8 @@ pub struct TrainOptions {
     pub steps: Steps,
     /// `--threads`.
     pub threads: usize,
+    /// `--dtype` and `--slot-dtype`: how the dynemb tables store rows.
+    pub dtypes: TableDtypes,
     /// The runs, in order.
     pub models: Vec<ModelSpec>,
     /// `--json`.
@@ -140,11 +156,16 @@ fn at_least_one(s: &str) -> Result<usize, String> {
         .ok_or_else(|| "expected a whole number >= 1".into())
 }
 
-/// The runs a `--models` name stands for.
-fn runs_of(name: &str) -> Option<Vec<ModelSpec>> {
+/// A dtype: `f32`, `f16` or `bf16`.
+fn dtype(s: &str) -> Result<Dtype, String> {
+    s.parse().map_err(|_| "expected f32, f16 or bf16".into())
+}
+
+/// The runs a `--models` name stands for, dynemb tables storing `dtypes`.
+fn runs_of(name: &str, dtypes: TableDtypes) -> Option<Vec<ModelSpec>> {
     let dynemb = |head| {
         [Way::LayerApi, Way::Staged]
-            .map(|way| ModelSpec::Dynemb { head, way })
+            .map(|way| ModelSpec::Dynemb { head, way, dtypes })
             .to_vec()
     };
     match name {
@@ -199,6 +220,49 @@ mod tests {
             }
         );
         assert_eq!(o.json, Some(PathBuf::from("x.json")));
+    }
+
+    #[test]
+    fn dtypes_reach_every_dynemb_model() {
+        assert_eq!(options(&[]).dtypes, TableDtypes::F32);
+        let o = options(&["--dtype", "bf16", "--models", "linear,hashed"]);
+        let dtypes = TableDtypes {
+            values: Dtype::Bf16,
+            slots: Dtype::F32,
+        };
+        assert_eq!(o.dtypes, dtypes);
+        assert_eq!(
+            o.models,
+            [
+                ModelSpec::Dynemb {
+                    head: HeadKind::Linear,
+                    way: Way::LayerApi,
+                    dtypes
+                },
+                ModelSpec::Dynemb {
+                    head: HeadKind::Linear,
+                    way: Way::Staged,
+                    dtypes
+                },
+                ModelSpec::Hashed {
+                    head: HeadKind::Linear
+                },
+            ]
+        );
+        assert_eq!(o.models[0].table(), "dynemb bf16");
+        assert_eq!(o.models[2].table(), "candle-nn 1M hashed");
+        let o = options(&["--dtype=f16", "--slot-dtype", "bf16", "--models", "mlp"]);
+        assert_eq!(o.models[1].table(), "dynemb f16, slots bf16");
+        assert_eq!(options(&["--models", "mlp"]).models[0].table(), "dynemb");
+        // The JSON a child prints names the dtypes and reads back.
+        let json = serde_json::to_string(&o.models[0]).unwrap();
+        assert!(json.contains(r#""values":"f16","slots":"bf16""#), "{json}");
+        let back: ModelSpec = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, o.models[0]);
+        for (flag, value) in [("--dtype", "f64"), ("--slot-dtype", "")] {
+            let e = parse_strs(&[flag, value]).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::ValueValidation, "{e}");
+        }
     }
 
     #[test]

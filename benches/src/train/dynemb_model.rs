@@ -18,6 +18,11 @@
 //!   `lookup_or_insert` and the apply are split over candle's threads as
 //!   in the layer's calls: `dynemb_candle::parallel`).
 //!
+//! The table stores its values and its Adam slots in the dtypes of
+//! [`TableDtypes`] (`--dtype`, `--slot-dtype`; f32 unless asked), rounded
+//! to nearest even as they are written; the layer and the optimizer
+//! compute in f32 either way.
+//!
 //! Ids enter the layer as the batch's `[batch, FIELDS]` tensor (read in
 //! place), and `forward_concat` gathers the rows straight into the head's
 //! `[batch, FIELDS * DIM]` input (no reshape node in the graph).
@@ -26,7 +31,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{AdamW, Module, Optimizer, VarBuilder, VarMap};
-use dynemb::{Initializer, Variable};
+use dynemb::{Dtype, Initializer, Variable};
 use dynemb_candle::{
     gather_rows, Dedup, Embedding, EmbeddingConfig, Ids, SparseGrads, SparseModule, SparseStep,
 };
@@ -48,6 +53,42 @@ pub enum Way {
     Staged,
 }
 
+/// How a dynemb model's table stores its rows (`--dtype`, `--slot-dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct TableDtypes {
+    /// The dtype of the embedding values.
+    #[serde(with = "dtype_name")]
+    pub values: Dtype,
+    /// The dtype of the Adam slots `m` and `v`.
+    #[serde(with = "dtype_name")]
+    pub slots: Dtype,
+}
+
+impl TableDtypes {
+    /// Values and slots in f32.
+    pub const F32: TableDtypes = TableDtypes {
+        values: Dtype::F32,
+        slots: Dtype::F32,
+    };
+}
+
+/// A [`Dtype`] in JSON: its name (`"f32"`, `"f16"`, `"bf16"`).
+mod dtype_name {
+    use dynemb::Dtype;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Writes `dtype`'s name.
+    pub fn serialize<S: Serializer>(dtype: &Dtype, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(dtype.name())
+    }
+
+    /// Reads a dtype's name.
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Dtype, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        name.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// A dynemb model; see the [module docs](self).
 pub struct DynembModel {
     embedding: Embedding<Variable<i64>>,
@@ -60,9 +101,9 @@ pub struct DynembModel {
 }
 
 impl DynembModel {
-    /// A model with an empty table and a fresh head of `kind`, stepped
-    /// `way`.
-    pub fn new(kind: HeadKind, way: Way) -> Result<Self> {
+    /// A model with an empty table storing `dtypes` and a fresh head of
+    /// `kind`, stepped `way`.
+    pub fn new(kind: HeadKind, way: Way, dtypes: TableDtypes) -> Result<Self> {
         let device = Device::Cpu;
         let table = Variable::<i64>::builder("embedding")
             .dim(DIM)
@@ -71,6 +112,8 @@ impl DynembModel {
                 stddev: EMBEDDING_STDDEV,
                 seed: SEED,
             })
+            .value_dtype(dtypes.values)
+            .slot_dtype(dtypes.slots)
             .build()?;
         let embedding = Embedding::new(Arc::new(table), EmbeddingConfig::default())?;
         let vars = VarMap::new();

@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! cargo run --release -p dynemb-benches --bin train -- [--quick] [--steps N]
-//!     [--warmup W] [--threads T] [--models M[,M..]] [--json FILE] [--glibc-malloc]
+//!     [--warmup W] [--threads T] [--models M[,M..]] [--dtype D] [--slot-dtype D]
+//!     [--json FILE] [--glibc-malloc]
 //! ```
 //!
 //! The workload ([`data`]): 26 fields of ids Zipf(1.2) modulo 1M plus a
@@ -19,6 +20,10 @@
 //!   `candle_nn::Embedding` of 1M rows, ids hashed into it, candle-nn's
 //!   `AdamW` over every parameter ([`hashed_model`]);
 //! - **dynemb, MLP**: the dynemb table with the CTR tower 256-128-1.
+//!
+//! The dynemb tables store their values and Adam slots as f32 unless
+//! `--dtype` and `--slot-dtype` say f16 or bf16 ([`dynemb_model::TableDtypes`]);
+//! the hashed model stays f32.
 //!
 //! Each dynemb model runs two ways, each time from an empty table on the
 //! same batches: through the layer's API (the samples/s figures) and taken
@@ -59,10 +64,11 @@ pub mod run;
 pub mod stages;
 
 use candle_nn::ParamsAdamW;
+use dynemb::Dtype;
 use serde::{Deserialize, Serialize};
 
 use data::Batch;
-use dynemb_model::{DynembModel, Way};
+use dynemb_model::{DynembModel, TableDtypes, Way};
 use hashed_model::HashedModel;
 use head::HeadKind;
 use stages::Laps;
@@ -114,6 +120,8 @@ pub enum ModelSpec {
         head: HeadKind,
         /// Layer API or staged.
         way: Way,
+        /// How the table stores its rows.
+        dtypes: TableDtypes,
     },
     /// The hashing trick: a `candle_nn::Embedding` of 1M rows.
     Hashed {
@@ -127,7 +135,9 @@ impl ModelSpec {
     /// table.
     pub fn build(self) -> Result<Box<dyn TrainModel>> {
         Ok(match self {
-            ModelSpec::Dynemb { head, way } => Box::new(DynembModel::new(head, way)?),
+            ModelSpec::Dynemb { head, way, dtypes } => {
+                Box::new(DynembModel::new(head, way, dtypes)?)
+            }
             ModelSpec::Hashed { head } => Box::new(HashedModel::new(head)?),
         })
     }
@@ -139,11 +149,18 @@ impl ModelSpec {
         }
     }
 
-    /// The table, in tables.
-    pub fn table(self) -> &'static str {
+    /// The table, in tables: `dynemb`, with its dtypes unless both are
+    /// f32 (`dynemb bf16` for bf16 values, `dynemb bf16, slots bf16`).
+    pub fn table(self) -> String {
         match self {
-            ModelSpec::Dynemb { .. } => "dynemb",
-            ModelSpec::Hashed { .. } => "candle-nn 1M hashed",
+            ModelSpec::Dynemb { dtypes, .. } if dtypes == TableDtypes::F32 => "dynemb".into(),
+            ModelSpec::Dynemb { dtypes, .. } if dtypes.slots == Dtype::F32 => {
+                format!("dynemb {}", dtypes.values)
+            }
+            ModelSpec::Dynemb { dtypes, .. } => {
+                format!("dynemb {}, slots {}", dtypes.values, dtypes.slots)
+            }
+            ModelSpec::Hashed { .. } => "candle-nn 1M hashed".into(),
         }
     }
 

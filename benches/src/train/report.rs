@@ -37,6 +37,10 @@ pub struct TrainSettings {
     pub fields: usize,
     /// Values per embedding row.
     pub dim: usize,
+    /// How the dynemb tables store their values (`--dtype`).
+    pub value_dtype: String,
+    /// How the dynemb tables store their Adam slots (`--slot-dtype`).
+    pub slot_dtype: String,
     /// Ids per field (the modulo).
     pub vocab: i64,
     /// The ids' Zipf exponent.
@@ -90,9 +94,17 @@ impl TrainReport {
         let _ = writeln!(
             out,
             "\n### training steps ({} fields of ids Zipf({}) mod {} + field offset, dim {}, \
-             batch {}, Adam; {} warm-up + {} timed steps per run; samples/s: all timed samples / \
-             their wall time)\n",
-            s.fields, s.zipf_exponent, s.vocab, s.dim, s.batch, s.steps.warmup, s.steps.timed
+             batch {}, Adam; dynemb tables: values {}, slots {}; {} warm-up + {} timed steps per \
+             run; samples/s: all timed samples / their wall time)\n",
+            s.fields,
+            s.zipf_exponent,
+            s.vocab,
+            s.dim,
+            s.batch,
+            s.value_dtype,
+            s.slot_dtype,
+            s.steps.warmup,
+            s.steps.timed
         );
         let _ = writeln!(
             out,
@@ -159,7 +171,7 @@ impl TrainReport {
             .iter()
             .map(|r| {
                 vec![
-                    r.model.table().into(),
+                    r.model.table(),
                     r.model.head().describe().into(),
                     r.model.way().into(),
                     format!("{:.2}", r.summary.median_step_seconds * 1e3),
@@ -187,7 +199,7 @@ impl TrainReport {
             .iter()
             .filter(|r| r.model.staged())
             .map(|r| {
-                let mut row = vec![r.model.table().into(), r.model.head().describe().into()];
+                let mut row = vec![r.model.table(), r.model.head().describe().into()];
                 row.extend(r.summary.stages.iter().map(|t| {
                     if t.mean_seconds == 0.0 {
                         "-".into()

@@ -57,11 +57,24 @@
 //! flags may change. The table's checkpoint keeps the admission counts of
 //! ids not yet admitted and every row's last training time, so expiry
 //! counts the time between a checkpoint and its resumption as age.
+//!
+//! **Dtypes may change.** The manifest records the dtypes the checkpoint's
+//! table is stored in (`value_dtype`, `slot_dtype`; a manifest without
+//! them is of an f32 table), but `--dtype`, `--slot-dtype` and
+//! `--stochastic-rounding` may change on `--resume`, because dynemb's
+//! checkpoints convert: a checkpoint of any dtype restores into a table of
+//! any other, widened exactly or rounded to nearest even (a value that
+//! does not fit the new dtype, above 65504 for f16, fails the restore
+//! before anything changes). So an f32 run can go on in bf16, at half the
+//! table's row memory, or a bf16 run in f32. The resumed run says when it
+//! converts ([`RunConfig::conversion`]); it is then not the run an
+//! uninterrupted one would have been, as a resumed MLP's AdamW is not.
 
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use dynemb::Dtype;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, DataChoice};
@@ -130,7 +143,8 @@ pub enum CheckpointError {
     #[error(
         "{flag}: the checkpoint's run used {saved}, this one asks for {asked}; a resumed \
          run keeps its data and model flags (only --epochs, --steps, --threads, \
-         --expire, --checkpoint-every, --summary and the --redis flags may change)"
+         --expire, --dtype, --slot-dtype, --stochastic-rounding, --checkpoint-every, \
+         --summary and the --redis flags may change)"
     )]
     Changed {
         /// The flag that differs.
@@ -187,6 +201,31 @@ pub struct RunConfig {
     /// `--min-count` (absent from a manifest written before the flag: 1).
     #[serde(default = "every_id")]
     pub min_count: u32,
+    /// `--dtype`: the dtype of the checkpoint's values (absent from a
+    /// manifest written before the flag: f32).
+    #[serde(default, with = "dtype_name")]
+    pub value_dtype: Dtype,
+    /// `--slot-dtype`: the dtype of the checkpoint's Adam slots (absent:
+    /// f32).
+    #[serde(default, with = "dtype_name")]
+    pub slot_dtype: Dtype,
+}
+
+/// A [`Dtype`] in a manifest: its name (`"f32"`, `"f16"`, `"bf16"`).
+mod dtype_name {
+    use dynemb::Dtype;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Writes `dtype`'s name.
+    pub fn serialize<S: Serializer>(dtype: &Dtype, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(dtype.name())
+    }
+
+    /// Reads a dtype's name; another string is an error.
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Dtype, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        name.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 /// The `--min-count` that admits every id at its first read.
@@ -225,7 +264,38 @@ impl RunConfig {
             max_size: config.max_size,
             capacity: config.capacity,
             min_count: config.min_count,
+            value_dtype: config.precision.values,
+            slot_dtype: config.precision.slots,
         }
+    }
+
+    /// What a resumed run asking for `asked` does to the checkpoint's
+    /// table (`self`'s dtypes) as it restores it, if its dtypes differ (see
+    /// the module docs): a sentence for the output.
+    pub fn conversion(&self, asked: &RunConfig) -> Option<String> {
+        let saved = (self.value_dtype, self.slot_dtype);
+        let wanted = (asked.value_dtype, asked.slot_dtype);
+        if saved == wanted {
+            return None;
+        }
+        // Into f32 widens exactly; into a half dtype (from f32 or the
+        // other half dtype) rounds.
+        let rounds = |from: Dtype, to: Dtype| from != to && to != Dtype::F32;
+        let rounded = rounds(self.value_dtype, asked.value_dtype)
+            || rounds(self.slot_dtype, asked.slot_dtype);
+        Some(format!(
+            "the checkpoint's table stores values {}, slots {}; this run stores values {}, \
+             slots {}: its rows are converted as they are restored ({})",
+            self.value_dtype,
+            self.slot_dtype,
+            asked.value_dtype,
+            asked.slot_dtype,
+            if rounded {
+                "rounded to nearest even"
+            } else {
+                "widened exactly"
+            }
+        ))
     }
 
     /// An error naming the first flag whose value `asked` changes from the
@@ -807,6 +877,8 @@ mod tests {
                 max_size: None,
                 capacity: None,
                 min_count: 1,
+                value_dtype: Dtype::F32,
+                slot_dtype: Dtype::F32,
             },
             train_samples_per_epoch: 100,
             progress: Progress {
@@ -1088,6 +1160,51 @@ mod tests {
             change(&mut asked);
             let message = saved.check_same(&asked).unwrap_err().to_string();
             assert!(message.starts_with(&format!("{flag}: ")), "{message}");
+            assert!(message.contains("--dtype, --slot-dtype"), "{message}");
+        }
+    }
+
+    /// Other dtypes are not refused (the checkpoint converts); the
+    /// conversion is described, rounding or widening.
+    #[test]
+    fn other_dtypes_resume_and_say_how_they_convert() {
+        let saved = manifest(0).run;
+        assert_eq!(saved.conversion(&saved), None);
+        let with = |values, slots| RunConfig {
+            value_dtype: values,
+            slot_dtype: slots,
+            ..saved.clone()
+        };
+        for (from, to, how) in [
+            (
+                with(Dtype::F32, Dtype::F32),
+                with(Dtype::Bf16, Dtype::F32),
+                "rounded",
+            ),
+            (
+                with(Dtype::Bf16, Dtype::Bf16),
+                with(Dtype::F32, Dtype::F32),
+                "widened",
+            ),
+            (
+                with(Dtype::Bf16, Dtype::F32),
+                with(Dtype::F16, Dtype::F32),
+                "rounded",
+            ),
+            (
+                with(Dtype::F16, Dtype::F32),
+                with(Dtype::F32, Dtype::Bf16),
+                "rounded",
+            ),
+        ] {
+            from.check_same(&to).unwrap();
+            let note = from.conversion(&to).unwrap();
+            let expected = format!(
+                "stores values {}, slots {}; this run stores values {}, slots {}",
+                from.value_dtype, from.slot_dtype, to.value_dtype, to.slot_dtype
+            );
+            assert!(note.contains(&expected), "{note}");
+            assert!(note.contains(how), "{note}");
         }
     }
 
@@ -1099,15 +1216,24 @@ mod tests {
         m.progress.rows.evicted = 5;
         m.progress.epoch_start.not_admitted_reads = 7;
         m.run.capacity = Some(100);
+        m.run.value_dtype = Dtype::Bf16;
+        m.run.slot_dtype = Dtype::F16;
         m.write(root.path()).unwrap();
+        let text = fs::read_to_string(root.path().join(RUN_FILE)).unwrap();
+        assert!(text.contains(r#""value_dtype": "bf16""#), "{text}");
         assert_eq!(RunManifest::read(root.path()).unwrap(), m);
+        let bad = text.replace(r#""slot_dtype": "f16""#, r#""slot_dtype": "f64""#);
+        fs::write(root.path().join(RUN_FILE), bad).unwrap();
+        let message = RunManifest::read(root.path()).unwrap_err().to_string();
+        assert!(message.contains("f64"), "{message}");
         fs::write(root.path().join(RUN_FILE), "{").unwrap();
         let message = RunManifest::read(root.path()).unwrap_err().to_string();
         assert!(message.contains(RUN_FILE), "{message}");
     }
 
-    /// A manifest written before the table's lifecycle flags reads as a
-    /// run without them.
+    /// A manifest written before the table's lifecycle and dtype flags
+    /// reads as a run without them: no bounds, admission at the first read,
+    /// f32 values and slots.
     #[test]
     fn a_manifest_without_the_lifecycle_fields_reads_as_without_them() {
         let root = tempfile::tempdir().unwrap();
@@ -1116,6 +1242,8 @@ mod tests {
         for (object, field) in [
             ("run", "capacity"),
             ("run", "min_count"),
+            ("run", "value_dtype"),
+            ("run", "slot_dtype"),
             ("progress", "rows"),
             ("progress", "epoch_start"),
         ] {

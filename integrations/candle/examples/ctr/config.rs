@@ -8,8 +8,10 @@
 //! `conflicts_with`); [`Flags::resolve`] applies the `--quick` presets,
 //! the thread count's sources and the rules that need several values
 //! (held-out ids, a batch's embedding values, `--max-size` and
-//! `--capacity` against one batch's ids, `--capacity` and `--min-count`,
-//! which a Redis table lacks, against `--redis`). Whether a resumed run asks for the same run is checked
+//! `--capacity` against one batch's ids, `--capacity`, `--min-count` and
+//! half-precision dtypes, which a Redis table lacks, against `--redis`,
+//! and `--stochastic-rounding` against the dtypes, since it rounds bf16
+//! columns only and would otherwise be ignored). Whether a resumed run asks for the same run is checked
 //! against its checkpoint (`checkpoint`), and whether Redis answers when
 //! the table opens (`table`).
 //!
@@ -30,6 +32,9 @@ use std::time::Duration;
 use clap::error::ErrorKind;
 use clap::{ArgGroup, CommandFactory, Parser};
 
+use dynemb::{Dtype, Rounding};
+
+use crate::model::TablePrecision;
 use crate::source::MAX_FIELDS;
 
 /// Synthetic fields unless `--fields` says otherwise.
@@ -165,6 +170,26 @@ pub struct Flags {
     #[arg(long, value_name = "SECS", value_parser = seconds, help_heading = "Table")]
     pub expire: Option<Duration>,
 
+    /// How the table stores its embedding values: f32, f16 or bf16, rounded
+    /// to nearest even as they are written (the model computes in f32; not
+    /// f16 or bf16 with --redis; may change on --resume)
+    #[arg(long, value_name = "DTYPE", default_value_t = Dtype::F32, value_parser = dtype,
+          help_heading = "Table")]
+    pub dtype: Dtype,
+
+    /// How the table stores the Adam slots m and v: f32, f16 or bf16 (f16
+    /// rounds squared gradients below about 6e-8 to zero; not f16 or bf16
+    /// with --redis; may change on --resume)
+    #[arg(long, value_name = "DTYPE", default_value_t = Dtype::F32, value_parser = dtype,
+          help_heading = "Table")]
+    pub slot_dtype: Dtype,
+
+    /// The sparse optimizer's writes to bf16 columns round stochastically,
+    /// from SEED, so small updates survive on average (default: to nearest
+    /// even; needs --dtype bf16 or --slot-dtype bf16; may change on --resume)
+    #[arg(long, value_name = "SEED", value_parser = seed, help_heading = "Table")]
+    pub stochastic_rounding: Option<u64>,
+
     /// Keep the run in DIR: a checkpoint after every epoch and at the end
     /// (default: the model goes to a temporary directory for the reload check
     /// and is not kept)
@@ -178,7 +203,8 @@ pub struct Flags {
 
     /// Continue the run whose checkpoint is in --checkpoint DIR: same data and
     /// model flags; --epochs and --steps count in total; --threads, --expire,
-    /// --checkpoint-every, --summary and the --redis flags may change
+    /// the dtypes, --checkpoint-every, --summary and the --redis flags may
+    /// change
     #[arg(
         long,
         requires = "checkpoint",
@@ -265,6 +291,9 @@ pub struct Config {
     /// Age at which rows are removed at an epoch's end (`--expire`);
     /// `None`: never.
     pub expire: Option<Duration>,
+    /// The table's value and slot dtypes and rounding (`--dtype`,
+    /// `--slot-dtype`, `--stochastic-rounding`).
+    pub precision: TablePrecision,
     /// Where the run keeps its checkpoints (`--checkpoint`).
     pub checkpoint: Option<PathBuf>,
     /// Training steps between periodic checkpoints (`--checkpoint-every`).
@@ -440,17 +469,44 @@ impl Flags {
             }
         }
         let min_count = self.min_count.unwrap_or(1);
+        let precision = TablePrecision {
+            values: self.dtype,
+            slots: self.slot_dtype,
+            rounding: self
+                .stochastic_rounding
+                .map_or(Rounding::NearestEven, |seed| Rounding::Stochastic { seed }),
+        };
+        if self.stochastic_rounding.is_some() && !precision.has_bf16_column() {
+            return Err(Flags::command().error(
+                ErrorKind::ArgumentConflict,
+                format!(
+                    "--stochastic-rounding rounds bf16 columns only, and --dtype {} \
+                     --slot-dtype {} store none: add --dtype bf16 or --slot-dtype bf16",
+                    self.dtype, self.slot_dtype
+                ),
+            ));
+        }
         if self.redis.is_some() {
             let refused = [
                 (
                     self.capacity.is_some(),
-                    "--capacity",
-                    "evict rows as they arrive; --max-size bounds it after each step",
+                    "--capacity".to_string(),
+                    "evict rows as they arrive; --max-size bounds it after each step".to_string(),
                 ),
                 (
                     min_count > 1,
-                    "--min-count",
-                    "admit ids late; --max-size bounds it after each step",
+                    "--min-count".to_string(),
+                    "admit ids late; --max-size bounds it after each step".to_string(),
+                ),
+                (
+                    self.dtype != Dtype::F32,
+                    format!("--dtype {}", self.dtype),
+                    format!("store {} (it stores f32)", self.dtype),
+                ),
+                (
+                    self.slot_dtype != Dtype::F32,
+                    format!("--slot-dtype {}", self.slot_dtype),
+                    format!("store {} (it stores f32)", self.slot_dtype),
                 ),
             ];
             if let Some((_, flag, why)) = refused.into_iter().find(|(given, ..)| *given) {
@@ -480,6 +536,7 @@ impl Flags {
             capacity: self.capacity,
             min_count,
             expire: self.expire,
+            precision,
             checkpoint: self.checkpoint,
             checkpoint_every: self.checkpoint_every.map(|n| n as u64),
             resume: self.resume,
@@ -549,6 +606,14 @@ fn seconds(value: &str) -> Result<Duration, String> {
         .and_then(|s| Duration::try_from_secs_f64(s).ok())
         .filter(|d| !d.is_zero())
         .ok_or_else(|| "expected a number of seconds above 0, such as 90 or 0.5".into())
+}
+
+/// A dtype: `f32`, `f16` or `bf16` (and the other names
+/// [`Dtype`]'s `FromStr` knows: `float32`, `float16`, `half`, `bfloat16`).
+fn dtype(value: &str) -> Result<Dtype, String> {
+    value
+        .parse()
+        .map_err(|_| "expected f32, f16 or bf16".to_string())
 }
 
 /// A seed: a whole number from 0 to `u64::MAX`, `_` separators allowed.
@@ -656,11 +721,12 @@ impl fmt::Display for Config {
         }
         write!(
             f,
-            ", max size {}, capacity {}, min count {}, expire {}",
+            ", max size {}, capacity {}, min count {}, expire {}, {}",
             or_none(self.max_size.map(|s| s.to_string())),
             or_none(self.capacity.map(|s| s.to_string())),
             self.min_count,
             or_none(self.expire.map(|d| format!("after {} s", d.as_secs_f64()))),
+            self.precision,
         )
     }
 }
@@ -1069,6 +1135,89 @@ mod tests {
         }
         let message = refused(&["--expire", "0"], "--expire", "0");
         assert!(message.contains("seconds above 0"), "{message}");
+    }
+
+    #[test]
+    fn dtype_flags() {
+        let c = config(&[]);
+        assert_eq!(c.precision, TablePrecision::F32);
+        let shown = c.to_string();
+        assert!(
+            shown.ends_with("expire none, values f32, slots f32"),
+            "{shown}"
+        );
+        let c = config(&["--dtype", "bf16"]);
+        assert_eq!(
+            c.precision,
+            TablePrecision {
+                values: Dtype::Bf16,
+                slots: Dtype::F32,
+                rounding: Rounding::NearestEven,
+            }
+        );
+        let c = config(&[
+            "--dtype=f16",
+            "--slot-dtype",
+            "bf16",
+            "--stochastic-rounding",
+            "1_000",
+        ]);
+        assert_eq!(
+            c.precision,
+            TablePrecision {
+                values: Dtype::F16,
+                slots: Dtype::Bf16,
+                rounding: Rounding::Stochastic { seed: 1000 },
+            }
+        );
+        let shown = c.to_string();
+        assert!(
+            shown.contains("values f16, slots bf16, stochastic rounding (seed 1000)"),
+            "{shown}"
+        );
+        assert_eq!(
+            config(&["--dtype", "BFloat16"]).precision.values,
+            Dtype::Bf16
+        );
+        for (flag, value) in [
+            ("--dtype", "f64"),
+            ("--dtype", ""),
+            ("--slot-dtype", "int8"),
+            ("--stochastic-rounding", "-1"),
+            ("--stochastic-rounding", "x"),
+        ] {
+            refused(&[flag, value], flag, value);
+        }
+        // Stochastic rounding with no bf16 column would do nothing.
+        for args in [
+            &["--stochastic-rounding", "1"][..],
+            &["--dtype", "f16", "--stochastic-rounding", "1"],
+        ] {
+            refused_as(
+                args,
+                ErrorKind::ArgumentConflict,
+                &["--stochastic-rounding", "bf16 columns only"],
+            );
+        }
+        // A Redis table stores f32.
+        for (args, flag) in [
+            (&["--dtype", "bf16"][..], "--dtype bf16"),
+            (&["--slot-dtype", "f16"], "--slot-dtype f16"),
+        ] {
+            let mut args = args.to_vec();
+            args.extend(["--redis", "127.0.0.1:7000"]);
+            refused_as(&args, ErrorKind::ArgumentConflict, &[flag, "--redis"]);
+        }
+        let c = config(&["--dtype", "f32", "--redis", "127.0.0.1:7000"]);
+        assert_eq!(c.precision, TablePrecision::F32);
+        let help = help();
+        for text in [
+            "--dtype <DTYPE>",
+            "--slot-dtype <DTYPE>",
+            "--stochastic-rounding <SEED>",
+        ] {
+            assert!(help.contains(text), "the help lacks {text:?}");
+        }
     }
 
     #[test]

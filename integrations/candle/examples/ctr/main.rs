@@ -46,6 +46,16 @@
 //! cargo run --release -p dynemb-candle --example ctr -- --capacity 1280000 --min-count 2
 //! ```
 //!
+//! The table stores its values in `--dtype` (f32, f16 or bf16; default
+//! f32) and its Adam slots in `--slot-dtype`, rounded to nearest even as
+//! they are written, or, with `--stochastic-rounding SEED`, stochastically
+//! where the optimizer writes bf16; the model computes in f32 (`model`).
+//! A resumed run may change them: the checkpoint converts (`checkpoint`).
+//!
+//! ```sh
+//! cargo run --release -p dynemb-candle --example ctr -- --dtype bf16 --slot-dtype bf16
+//! ```
+//!
 //! With `--redis`, the table is a `RedisVariable` (see `table`): a new run
 //! refuses one that holds rows unless `--overwrite` clears them, a resumed
 //! run restores its checkpoint's table into it, and it is destroyed at the

@@ -13,6 +13,13 @@
 //! gets a row only at its Nth training read ([`TableLifecycle`]). The MLP's weights live in a candle-nn `VarMap`, so they save and
 //! load as safetensors.
 //!
+//! The table stores its values and its Adam slots in the dtypes of
+//! [`TablePrecision`] (`--dtype`, `--slot-dtype`; f32 unless asked): the
+//! model reads and trains in f32 either way, rows are rounded to the dtype
+//! (to nearest even) as they are written, and with `--stochastic-rounding`
+//! the optimizer's writes to bf16 columns round stochastically. The MLP
+//! stays f32.
+//!
 //! The MLP's initial weights come from the seed: [`init_mlp`] overwrites
 //! what `candle_nn::linear` drew, after the layers are built, with values
 //! drawn the same way from a PCG stream of the seed, because candle's CPU
@@ -24,7 +31,10 @@ use std::sync::{Arc, PoisonError};
 
 use candle_core::{Device, Module, Tensor, Var};
 use candle_nn::{Linear, VarBuilder, VarMap};
-use dynemb::{Admission, EmbeddingStore, Initializer, RestrictPolicy, Variable, VariableBuilder};
+use dynemb::{
+    Admission, Dtype, EmbeddingStore, Initializer, RestrictPolicy, Rounding, Variable,
+    VariableBuilder,
+};
 use dynemb_candle::{Embedding, EmbeddingConfig};
 use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
@@ -76,16 +86,70 @@ impl Default for TableLifecycle {
     }
 }
 
+/// How the table stores its rows (`--dtype`, `--slot-dtype`,
+/// `--stochastic-rounding`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TablePrecision {
+    /// The dtype of the embedding values.
+    pub values: Dtype,
+    /// The dtype of the Adam slots `m` and `v`.
+    pub slots: Dtype,
+    /// How the optimizer's steps round to bf16 columns.
+    pub rounding: Rounding,
+}
+
+impl TablePrecision {
+    /// Everything in f32 (the only precision a Redis table stores).
+    pub const F32: TablePrecision = TablePrecision {
+        values: Dtype::F32,
+        slots: Dtype::F32,
+        rounding: Rounding::NearestEven,
+    };
+
+    /// Whether the values or the slots are stored as bf16 (the columns
+    /// stochastic rounding rounds).
+    pub fn has_bf16_column(&self) -> bool {
+        self.values == Dtype::Bf16 || self.slots == Dtype::Bf16
+    }
+}
+
+impl Default for TablePrecision {
+    /// [`TablePrecision::F32`].
+    fn default() -> Self {
+        TablePrecision::F32
+    }
+}
+
+impl std::fmt::Display for TablePrecision {
+    /// `values bf16, slots f32`, and `, stochastic rounding (seed N)` if
+    /// asked.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "values {}, slots {}", self.values, self.slots)?;
+        if let Rounding::Stochastic { seed } = self.rounding {
+            write!(f, ", stochastic rounding (seed {seed})")?;
+        }
+        Ok(())
+    }
+}
+
 /// The embedding table's description for `dim`-wide rows, named
 /// [`TABLE_NAME`], with `lifecycle`'s capacity and admission (exact
-/// counts; none for a `min_count` of 1): built here as a local table
-/// ([`embedding_table`]) or opened in Redis (`table::open_redis`) from the
-/// same settings.
-pub fn table_description(dim: usize, seed: u64, lifecycle: TableLifecycle) -> VariableBuilder<i64> {
+/// counts; none for a `min_count` of 1) and `precision`'s dtypes: built
+/// here as a local table ([`embedding_table`]) or opened in Redis
+/// (`table::open_redis`, f32 only) from the same settings.
+pub fn table_description(
+    dim: usize,
+    seed: u64,
+    lifecycle: TableLifecycle,
+    precision: TablePrecision,
+) -> VariableBuilder<i64> {
     let mut table = Variable::<i64>::builder(TABLE_NAME)
         .dim(dim)
         .initializer(row_initializer(seed))
-        .restrict_policy(TABLE_POLICY);
+        .restrict_policy(TABLE_POLICY)
+        .value_dtype(precision.values)
+        .slot_dtype(precision.slots)
+        .rounding(precision.rounding);
     if let Some(rows) = lifecycle.capacity {
         table = table.capacity(rows);
     }
@@ -98,14 +162,15 @@ pub fn table_description(dim: usize, seed: u64, lifecycle: TableLifecycle) -> Va
 }
 
 /// The local embedding table for `dim`-wide rows, in `shards` shards, with
-/// `lifecycle`'s capacity and admission.
+/// `lifecycle`'s capacity and admission and `precision`'s dtypes.
 pub fn embedding_table(
     dim: usize,
     shards: usize,
     seed: u64,
     lifecycle: TableLifecycle,
+    precision: TablePrecision,
 ) -> dynemb::Result<Variable<i64>> {
-    table_description(dim, seed, lifecycle)
+    table_description(dim, seed, lifecycle, precision)
         .shards(shards)
         .build()
 }
@@ -270,7 +335,8 @@ mod tests {
     /// `seed`; its variables by name.
     fn seeded_mlp(seed: u64) -> Vec<(String, Vec<f32>)> {
         let dev = Device::Cpu;
-        let table = Arc::new(embedding_table(4, 1, 1, TableLifecycle::NONE).unwrap());
+        let table =
+            Arc::new(embedding_table(4, 1, 1, TableLifecycle::NONE, TablePrecision::F32).unwrap());
         let map = VarMap::new();
         let vb = VarBuilder::from_varmap(&map, candle_core::DType::F32, &dev);
         CtrModel::new(table, vb, 3).unwrap();
@@ -369,7 +435,8 @@ mod tests {
     #[test]
     fn forward_gives_one_logit_per_sample_and_inference_inserts_nothing() {
         let dev = Device::Cpu;
-        let table = Arc::new(embedding_table(4, 2, 1, TableLifecycle::NONE).unwrap());
+        let table =
+            Arc::new(embedding_table(4, 2, 1, TableLifecycle::NONE, TablePrecision::F32).unwrap());
         let map = candle_nn::VarMap::new();
         let vb = VarBuilder::from_varmap(&map, candle_core::DType::F32, &dev);
         let model = CtrModel::new(table.clone(), vb, 3).unwrap();

@@ -38,8 +38,9 @@
 //! `--expire` runs at the end of each epoch, before its evaluation and
 //! checkpoint, so both see the table without the expired rows.
 //!
-//! A resumed run ([`crate::checkpoint`] says what must match) restores the
-//! table, the sparse optimizer (its step count too), the MLP's weights
+//! A resumed run ([`crate::checkpoint`] says what must match, and that
+//! the dtypes may change: the restore converts the table's rows) restores
+//! the table, the sparse optimizer (its step count too), the MLP's weights
 //! and the counts of the run, and goes on at the first batch the
 //! checkpoint had not taken (skipping the ones before it: synthetic data
 //! jumps there, Criteo data is read up to it). The MLP's AdamW restarts
@@ -105,6 +106,9 @@ pub fn execute(config: &Config, open: &mut OpenData<'_>, out: &mut dyn Write) ->
     };
     if let Some(manifest) = &resume {
         manifest.run.check_same(&run_config)?;
+        if let Some(note) = manifest.run.conversion(&run_config) {
+            writeln!(out, "{note}")?;
+        }
     }
 
     let mut source = open(config)?;
@@ -145,6 +149,7 @@ pub fn execute(config: &Config, open: &mut OpenData<'_>, out: &mut dyn Write) ->
             capacity: config.capacity,
             min_count: config.min_count,
         },
+        precision: config.precision,
     };
     let training = Training {
         config,
@@ -672,6 +677,7 @@ mod tests {
     use super::*;
     use crate::config::Environment;
     use crate::data::{Synthetic, SyntheticConfig};
+    use crate::model::TablePrecision;
     use std::cell::RefCell;
     use std::rc::Rc;
 
@@ -828,6 +834,7 @@ mod tests {
             seed: 3,
             max_size: None,
             lifecycle: TableLifecycle::NONE,
+            precision: TablePrecision::F32,
         })
         .unwrap();
         let mut taken = 0;
@@ -988,6 +995,67 @@ mod tests {
             None,
         );
         assert_eq!(ok(&outcome).progress.steps, 6);
+    }
+
+    /// A resumed run may store other dtypes: the checkpoint's table is
+    /// converted as it is restored, the output says so, and the manifest
+    /// it writes records the new dtypes.
+    #[test]
+    fn a_resumed_run_may_change_the_dtypes() {
+        let root = tempfile::tempdir().unwrap();
+        let path = root.path().join("ckpt").display().to_string();
+        let first = go(
+            &synthetic(&["--steps", "4", "--checkpoint", &path]),
+            &[],
+            None,
+        );
+        ok(&first);
+        let dir = root.path().join("ckpt");
+        assert_eq!(
+            (
+                manifest(&dir).run.value_dtype,
+                manifest(&dir).run.slot_dtype
+            ),
+            (dynemb::Dtype::F32, dynemb::Dtype::F32)
+        );
+        let resumed = go(
+            &synthetic(&[
+                "--dtype",
+                "bf16",
+                "--slot-dtype",
+                "bf16",
+                "--steps",
+                "7",
+                "--checkpoint",
+                &path,
+                "--resume",
+            ]),
+            &[],
+            None,
+        );
+        assert_eq!(ok(&resumed).progress.steps, 7);
+        assert!(
+            resumed.output.contains(
+                "the checkpoint's table stores values f32, slots f32; this run stores \
+                 values bf16, slots bf16: its rows are converted as they are restored \
+                 (rounded to nearest even)"
+            ),
+            "{}",
+            resumed.output
+        );
+        let run = manifest(&dir).run;
+        assert_eq!(
+            (run.value_dtype, run.slot_dtype),
+            (dynemb::Dtype::Bf16, dynemb::Dtype::Bf16)
+        );
+        // And back to f32, widening.
+        let back = go(
+            &synthetic(&["--steps", "9", "--checkpoint", &path, "--resume"]),
+            &[],
+            None,
+        );
+        assert_eq!(ok(&back).progress.steps, 9);
+        assert!(back.output.contains("(widened exactly)"), "{}", back.output);
     }
 
     /// The epoch lines of `outcome`.

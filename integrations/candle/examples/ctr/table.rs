@@ -1,8 +1,9 @@
 //! The Redis table of `--redis` ([`open_redis`]): named `ctr/embeddings`
 //! under `--redis-prefix`, with the local table's initializer and restrict
 //! policy, so a checkpoint moves between the two. A Redis table has no
-//! capacity or admission, so the configuration refuses `--capacity` and
-//! `--min-count` with `--redis`; it expires rows on its servers
+//! capacity or admission and stores f32 only, so the configuration refuses
+//! `--capacity`, `--min-count` and half-precision `--dtype` or
+//! `--slot-dtype` with `--redis`; it expires rows on its servers
 //! (`--expire`). The trainer is generic
 //! over `dynemb::EmbeddingTable` and trains this table or a local
 //! `Variable<i64>` with the same code.
@@ -17,7 +18,7 @@
 use dynemb_redis::{RedisConfig, RedisVariable};
 
 use crate::config::RedisChoice;
-use crate::model::{table_description, TableLifecycle};
+use crate::model::{table_description, TableLifecycle, TablePrecision};
 
 /// Opens the Redis table `choice` describes for `dim`-wide rows from
 /// `seed` (the local table's settings), and clears it if `clear`; returns
@@ -33,7 +34,7 @@ pub fn open_redis(
         prefix: choice.prefix.clone(),
         ..RedisConfig::default()
     };
-    let description = table_description(dim, seed, TableLifecycle::NONE);
+    let description = table_description(dim, seed, TableLifecycle::NONE, TablePrecision::F32);
     let table = RedisVariable::open(description, config).map_err(
         |error| -> Box<dyn std::error::Error> {
             match error {
@@ -73,6 +74,7 @@ mod tests {
             seed: 11,
             max_size: None,
             lifecycle: TableLifecycle::NONE,
+            precision: TablePrecision::F32,
         }
     }
 

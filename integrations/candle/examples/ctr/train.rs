@@ -21,6 +21,11 @@
 //! while (`--expire`). [`Trainer::counts`] counts what each did
 //! ([`RowCounts`]).
 //!
+//! The table stores values and Adam slots in [`ModelConfig::precision`]'s
+//! dtypes; the step computes in f32 on the widened rows and the table
+//! rounds what the optimizer writes. A reloaded model is compared bit for
+//! bit as in f32: a checkpoint holds the stored bits.
+//!
 //! Both initial states come from [`ModelConfig::seed`]: the table's
 //! initializer is seeded per id, and the MLP's weights are drawn by
 //! [`init_mlp`] (candle's own CPU generator cannot be seeded). So two
@@ -69,6 +74,7 @@ use serde::{Deserialize, Serialize};
 use crate::checkpoint::{MLP_FILE, SPARSE_FILE, TABLE_DIR};
 use crate::model::{
     bce_with_logits, embedding_table, ids_tensor, init_mlp, CtrModel, TableLifecycle,
+    TablePrecision,
 };
 use crate::source::Batch;
 
@@ -114,6 +120,8 @@ pub struct ModelConfig {
     pub max_size: Option<usize>,
     /// The table's capacity and admission.
     pub lifecycle: TableLifecycle,
+    /// The table's value and slot dtypes and rounding.
+    pub precision: TablePrecision,
 }
 
 /// What removed rows from the table or kept ids out of it, over a run
@@ -166,7 +174,13 @@ impl Trainer {
     /// A fresh model: an empty local table and an MLP initialized from the
     /// seed.
     pub fn new(config: ModelConfig) -> Result<Self> {
-        let table = embedding_table(config.dim, config.shards, config.seed, config.lifecycle)?;
+        let table = embedding_table(
+            config.dim,
+            config.shards,
+            config.seed,
+            config.lifecycle,
+            config.precision,
+        )?;
         Self::assemble(config, table, VarMap::new(), None)
     }
 
@@ -174,7 +188,13 @@ impl Trainer {
     /// or a Redis table), in fresh objects (a local table, MLP and sparse
     /// optimizer state).
     pub fn load(config: ModelConfig, dir: &Path) -> Result<Self> {
-        let table = embedding_table(config.dim, config.shards, config.seed, config.lifecycle)?;
+        let table = embedding_table(
+            config.dim,
+            config.shards,
+            config.seed,
+            config.lifecycle,
+            config.precision,
+        )?;
         Self::resume(config, table, dir)
     }
 }
@@ -508,6 +528,7 @@ mod tests {
     use crate::auc::roc_auc;
     use crate::data::{Synthetic, SyntheticConfig};
     use crate::source::DataSource;
+    use dynemb::{Dtype, Rounding};
 
     fn config(max_size: Option<usize>) -> ModelConfig {
         ModelConfig {
@@ -517,6 +538,7 @@ mod tests {
             seed: 7,
             max_size,
             lifecycle: TableLifecycle::NONE,
+            precision: TablePrecision::F32,
         }
     }
 
@@ -726,6 +748,112 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(message.contains("absent"), "{message}");
+    }
+
+    /// [`config`] storing values and slots as `values` and `slots`,
+    /// rounded `rounding`.
+    fn with_precision(values: Dtype, slots: Dtype, rounding: Rounding) -> ModelConfig {
+        ModelConfig {
+            precision: TablePrecision {
+                values,
+                slots,
+                rounding,
+            },
+            ..config(None)
+        }
+    }
+
+    /// Every stored value of `keys` in `table`'s rows and Adam slots.
+    fn stored(table: &Variable<i64>, keys: &[i64]) -> Vec<f32> {
+        let mut rows = vec![0.0; keys.len() * table.dim()];
+        table.lookup(keys, &mut rows).unwrap();
+        let mut all = rows.clone();
+        for slot in ADAM_SLOTS {
+            table
+                .lookup_slot(table.slot_id(slot).unwrap(), keys, &mut rows)
+                .unwrap();
+            all.extend_from_slice(&rows);
+        }
+        all
+    }
+
+    /// With bf16 values and slots the model learns (its loss falls and its
+    /// held-out AUC rises as in f32), every value it stores is a bf16 one,
+    /// its rows take less memory than f32 rows, and it reloads bit for bit.
+    #[test]
+    fn a_bf16_table_trains_and_stores_bf16_values() {
+        let bf16 = with_precision(Dtype::Bf16, Dtype::Bf16, Rounding::NearestEven);
+        let mut trainer = Trainer::new(bf16.clone()).unwrap();
+        assert_eq!(
+            (trainer.table().value_dtype(), trainer.table().slot_dtype()),
+            (Dtype::Bf16, Dtype::Bf16)
+        );
+        let mut source = data();
+        let eval = source.eval_set().samples.clone();
+        let before = roc_auc(&trainer.predict(&eval).unwrap(), &eval.labels).unwrap();
+        let mut losses = Vec::new();
+        while let Some(batch) = source.next_batch(1024).unwrap() {
+            let Step::Trained(loss) = trainer.step(&batch).unwrap() else {
+                panic!("a batch was skipped");
+            };
+            losses.push(loss);
+        }
+        let mean = |losses: &[f32]| losses.iter().sum::<f32>() / losses.len() as f32;
+        let (first, last) = (mean(&losses[..5]), mean(&losses[losses.len() - 5..]));
+        assert!(last < first, "loss {first} -> {last}");
+        let after = roc_auc(&trainer.predict(&eval).unwrap(), &eval.labels).unwrap();
+        assert!(
+            after > before + 0.05 && after > 0.65,
+            "AUC {before} -> {after}"
+        );
+
+        let table = trainer.table();
+        let keys = sample_keys(table, table.size()).unwrap();
+        assert_eq!(keys.len(), table.size());
+        let values = stored(table, &keys);
+        assert!(values.iter().any(|&v| v != 0.0));
+        for v in values {
+            assert_eq!(
+                Dtype::Bf16.round(v).to_bits(),
+                v.to_bits(),
+                "{v} is not bf16"
+            );
+        }
+
+        let f32_run = trained(config(None), losses.len(), 1024);
+        assert_eq!(f32_run.table().size(), table.size());
+        let (half, full) = (table.memory_bytes(), f32_run.table().memory_bytes());
+        assert!(half < full, "bf16 table {half} bytes, f32 table {full}");
+
+        let dir = tempfile::tempdir().unwrap();
+        trainer.save(dir.path()).unwrap();
+        let reloaded = Trainer::load(bf16, dir.path()).unwrap();
+        let check = check_reload(&trainer, &reloaded, &eval).unwrap();
+        assert_eq!(check.rows, table.size());
+    }
+
+    /// Stochastic rounding of bf16 values: one seed gives bit-identical
+    /// runs, every stored value is still a bf16 one, and the rows differ
+    /// from nearest-even rounding's.
+    #[test]
+    fn stochastic_rounding_is_seeded_and_differs_from_nearest_even() {
+        let stochastic = with_precision(Dtype::Bf16, Dtype::F32, Rounding::Stochastic { seed: 9 });
+        let nearest = with_precision(Dtype::Bf16, Dtype::F32, Rounding::NearestEven);
+        let a = trained(stochastic.clone(), 5, 512);
+        let b = trained(stochastic, 5, 512);
+        let c = trained(nearest, 5, 512);
+        assert_eq!(a.table().rounding(), Rounding::Stochastic { seed: 9 });
+        let keys = sample_keys(a.table(), RELOAD_KEYS).unwrap();
+        let rows = |trainer: &Trainer| {
+            let mut rows = vec![0.0; keys.len() * 8];
+            trainer.table().lookup(&keys, &mut rows).unwrap();
+            rows
+        };
+        let (x, y, z) = (rows(&a), rows(&b), rows(&c));
+        assert_eq!(bits(&x), bits(&y), "one seed, other rows");
+        assert!(x.iter().all(|&v| Dtype::Bf16.round(v) == v));
+        let differ = x.iter().zip(&z).filter(|(x, z)| x != z).count();
+        assert!(differ > 0, "stochastic rounding stored nearest-even rows");
     }
 
     #[test]
