@@ -67,9 +67,26 @@ impl Dtype {
 
     /// Rounds every element of `values` in place (see [`Dtype::round`]).
     pub fn round_slice(self, values: &mut [f32]) {
-        if self != Dtype::F32 {
-            for v in values {
-                *v = self.round(*v);
+        match self {
+            Dtype::F32 => {}
+            Dtype::F16 => {
+                for v in values {
+                    *v = f16::from_f32(*v).to_f32();
+                }
+            }
+            // bf16 is the top half of an f32: round the low half away, to
+            // nearest even, with integer adds (NaN stays NaN: its rounding
+            // keeps an exponent of all ones and is made quiet).
+            Dtype::Bf16 => {
+                for v in values {
+                    let bits = v.to_bits();
+                    let rounded = bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) & 0xffff_0000;
+                    *v = if v.is_nan() {
+                        f32::from_bits(bits | 0x0040_0000)
+                    } else {
+                        f32::from_bits(rounded)
+                    };
+                }
             }
         }
     }
@@ -90,9 +107,16 @@ impl Dtype {
             Dtype::F16 => 65520.0,
             Dtype::Bf16 => f32::from_bits(0x7f7f_8000),
         };
-        values
-            .iter()
-            .position(|v| v.is_finite() && v.abs() >= limit)
+        let out = |v: &f32| v.is_finite() && v.abs() >= limit;
+        // Blocks without an early exit, which the compiler vectorizes; the
+        // block with an offender is searched.
+        const BLOCK: usize = 16;
+        values.chunks(BLOCK).enumerate().find_map(|(b, block)| {
+            block
+                .iter()
+                .fold(false, |any, v| any | out(v))
+                .then(|| b * BLOCK + block.iter().position(out).unwrap_or(0))
+        })
     }
 }
 
@@ -182,6 +206,36 @@ mod tests {
             Dtype::F16.first_out_of_range(&[1.0, f32::NAN, -1e5]),
             Some(2)
         );
+    }
+
+    #[test]
+    fn round_slice_rounds_as_round_does() {
+        let mut bits: u32 = 0x1234_5678;
+        let mut values: Vec<f32> = (0..20_000)
+            .map(|_| {
+                bits = bits.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                f32::from_bits(bits)
+            })
+            .collect();
+        values.extend([
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MAX,
+            f32::MIN,
+        ]);
+        for dtype in Dtype::ALL {
+            let mut rounded = values.clone();
+            dtype.round_slice(&mut rounded);
+            for (v, r) in values.iter().zip(&rounded) {
+                let want = dtype.round(*v);
+                assert!(
+                    want.to_bits() == r.to_bits() || (want.is_nan() && r.is_nan()),
+                    "{dtype} {v:e}: {r:e} vs {want:e}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -46,8 +46,9 @@
 //!   parent's mode when it is made, and [`Scope::reuse`] sets it. Unlike TF1,
 //!   where `reuse=True` is sticky in sub-scopes, an explicit mode always
 //!   applies.
-//! - **Mismatch.** Getting an existing variable with another key type or
-//!   another dim is an [`Error::Mismatch`] naming both. Other settings of a
+//! - **Mismatch.** Getting an existing variable with another key type,
+//!   another dim or another value dtype is an [`Error::Mismatch`] naming
+//!   both (TF refuses to share a variable of another dtype). Other settings of a
 //!   later request (shards, initializer, trainable, ...) are ignored: the
 //!   existing variable wins, as in TF.
 //! - **Collections.** Every variable is in [`Collection::Global`];
@@ -91,7 +92,7 @@ pub use erased::AnyVariable;
 pub use request::{Getter, VariableRequest};
 pub use scope::Scope;
 
-use crate::{Error, Key, Result, Variable, VariableBuilder};
+use crate::{Dtype, Error, Key, Result, Variable, VariableBuilder};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
@@ -191,9 +192,13 @@ fn validate_name(name: &str) -> Result<()> {
     Ok(())
 }
 
-/// `"key type i64, dim 8"`, as mismatch errors describe a variable.
-fn describe(key_type: &str, dim: usize) -> String {
-    format!("key type {key_type}, dim {dim}")
+/// `"key type i64, dim 8"` (and `", value dtype bf16"` unless `f32`), as
+/// mismatch errors describe a variable.
+fn describe(key_type: &str, dim: usize, dtype: Dtype) -> String {
+    match dtype {
+        Dtype::F32 => format!("key type {key_type}, dim {dim}"),
+        _ => format!("key type {key_type}, dim {dim}, value dtype {dtype}"),
+    }
 }
 
 impl Default for Registry {
@@ -242,8 +247,8 @@ impl Registry {
     }
 
     /// Gets the variable named by the builder, or creates it from the
-    /// builder ([`Reuse::Auto`]). An existing variable with another key type
-    /// or dim is an [`Error::Mismatch`].
+    /// builder ([`Reuse::Auto`]). An existing variable with another key
+    /// type, dim or value dtype is an [`Error::Mismatch`].
     ///
     /// ```
     /// use dynemb::{Registry, Variable};
@@ -400,12 +405,22 @@ impl Registry {
                     return Err(Error::AlreadyExists { name });
                 }
                 let existing = &entry.variable;
-                let dim = builder.table_options().dim;
-                if existing.key_type() != K::TYPE_NAME || existing.dim() != dim {
+                let (dim, dtype) = (
+                    builder.table_options().dim,
+                    builder.table_options().value_dtype,
+                );
+                if existing.key_type() != K::TYPE_NAME
+                    || existing.dim() != dim
+                    || existing.value_dtype() != dtype
+                {
                     return Err(Error::Mismatch {
                         name,
-                        existing: describe(existing.key_type(), existing.dim()),
-                        requested: describe(K::TYPE_NAME, dim),
+                        existing: describe(
+                            existing.key_type(),
+                            existing.dim(),
+                            existing.value_dtype(),
+                        ),
+                        requested: describe(K::TYPE_NAME, dim, dtype),
                     });
                 }
                 return Ok(existing.clone());

@@ -218,6 +218,32 @@ fn another_dim_is_a_mismatch() {
 }
 
 #[test]
+fn another_value_dtype_is_a_mismatch() {
+    let reg = Registry::new();
+    let bf16 = reg
+        .get_variable(b::<i64>("emb", 8).value_dtype(dynemb::Dtype::Bf16))
+        .unwrap();
+    let err = reg.get_variable(b::<i64>("emb", 8)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "variable emb exists with key type i64, dim 8, value dtype bf16; requested key type i64, dim 8"
+    );
+    let again = reg
+        .get_variable(b::<i64>("emb", 8).value_dtype(dynemb::Dtype::Bf16))
+        .unwrap();
+    assert_eq!(again.value_dtype(), bf16.value_dtype());
+    // Slot dtypes, like the other settings, are the existing variable's.
+    let same = reg
+        .get_variable(
+            b::<i64>("emb", 8)
+                .value_dtype(dynemb::Dtype::Bf16)
+                .slot_dtype(dynemb::Dtype::F16),
+        )
+        .unwrap();
+    assert_eq!(same.slot_dtype(), dynemb::Dtype::F32);
+}
+
+#[test]
 fn different_key_types_live_side_by_side() {
     let reg = Registry::new();
     let a = reg.get_variable(b::<i64>("a", 1)).unwrap();

@@ -1,6 +1,9 @@
 //! The row arena: rows addressed by a stable row id, in chunked columns.
 //!
-//! A [`Column`] stores `words_per_row` `AtomicU64` words per row in segments
+//! A [`Column`] stores `words_per_row` `AtomicU64` words per row, one row
+//! every `stride` words ([`line_stride`]: padded, when that costs at most an
+//! eighth of the row, so that every row spans the fewest cache lines its size
+//! allows), in segments
 //! that double in size (1024 rows, 2048, 4096, ...), allocated zeroed on
 //! first use (large ones on huge pages, see [`zeroed`](super::zeroed)) and
 //! never moved or freed before the column: a row id found once stays valid,
@@ -83,9 +86,33 @@ const LOCKED: u64 = 1;
 const LIVE: u64 = 2;
 const VERSION_STEP: u64 = 4;
 
+/// Bytes of a cache line, which segments are aligned to.
+const LINE_BYTES: usize = 64;
+
+/// Words from one row to the next for rows of `words` words: the fewest
+/// that make every row, at any row id, span the fewest cache lines its size
+/// allows (a row of 280 bytes could span 6 lines at some offsets; rows 288
+/// bytes apart span 5 each), unless that pads the row by more than an
+/// eighth of its size (rows of 48 bytes would need 64): then `words`.
+pub(crate) fn line_stride(words: usize) -> usize {
+    let bytes = words * 8;
+    let lines = bytes.div_ceil(LINE_BYTES);
+    (bytes..=lines * LINE_BYTES)
+        .step_by(8)
+        .take_while(|stride| (stride - bytes) * 8 <= bytes)
+        .find(|&stride| {
+            // Rows start at every multiple of gcd(stride, 64) within a line.
+            let step = 1 << stride.trailing_zeros().min(6);
+            LINE_BYTES - step + bytes <= lines * LINE_BYTES
+        })
+        .map_or(words, |stride| stride / 8)
+}
+
 /// One column of per-row words, in doubling segments (see the module docs).
 pub(crate) struct Column {
     words_per_row: usize,
+    /// Words from one row's start to the next's ([`line_stride`]).
+    stride: usize,
     segments: [OnceLock<ZeroedSlice<AtomicU64>>; SEGMENTS],
     /// Serializes allocating segments (one thread allocates, others wait).
     allocating: Mutex<()>,
@@ -93,8 +120,10 @@ pub(crate) struct Column {
 
 impl Column {
     pub(crate) fn new(words_per_row: usize) -> Column {
+        let words_per_row = words_per_row.max(1);
         Column {
-            words_per_row: words_per_row.max(1),
+            words_per_row,
+            stride: line_stride(words_per_row),
             segments: std::array::from_fn(|_| OnceLock::new()),
             allocating: Mutex::new(()),
         }
@@ -125,7 +154,7 @@ impl Column {
 
     /// Words in segment `segment`, if that fits in a `usize`.
     fn segment_words(&self, segment: usize) -> Option<usize> {
-        (1usize << (segment as u32 + FIRST_SEGMENT_SHIFT)).checked_mul(self.words_per_row)
+        (1usize << (segment as u32 + FIRST_SEGMENT_SHIFT)).checked_mul(self.stride)
     }
 
     /// Makes sure the segment holding `row` is allocated, or says how many
@@ -163,10 +192,10 @@ impl Column {
             let Some(words) = self.segments[segment].get() else {
                 return;
             };
-            let segment_rows = words.len() / self.words_per_row;
+            let segment_rows = words.len() / self.stride;
             let left = usize::try_from(rows.end - row).unwrap_or(usize::MAX);
             let end = segment_rows.min(offset.saturating_add(left));
-            if !words.populate(offset * self.words_per_row..end * self.words_per_row) {
+            if !words.populate(offset * self.stride..end * self.stride) {
                 return;
             }
             row += (end - offset) as u64;
@@ -179,7 +208,7 @@ impl Column {
     pub(crate) fn try_row(&self, row: u64) -> Option<&[AtomicU64]> {
         let (segment, offset) = Self::locate(row);
         let words = self.segments.get(segment)?.get()?;
-        let start = offset * self.words_per_row;
+        let start = offset * self.stride;
         words.get(start..start + self.words_per_row)
     }
 
@@ -210,7 +239,7 @@ impl Column {
                 (1u64 << (segment as u32 + FIRST_SEGMENT_SHIFT)) - (1 << FIRST_SEGMENT_SHIFT);
             let rows = 1u64 << (segment as u32 + FIRST_SEGMENT_SHIFT);
             let used = rows_in_use.saturating_sub(first).min(rows);
-            bytes += used as usize * self.words_per_row * 8;
+            bytes += used as usize * self.stride * 8;
         }
         bytes
     }
@@ -508,7 +537,7 @@ impl RowStore {
         };
         let row_bytes: usize = std::iter::once(&self.main)
             .chain(slot_columns())
-            .map(|column| column.words_per_row * 8)
+            .map(|column| column.stride * 8)
             .sum();
         let rows = rows.min(max_bytes.min(PREFAULT_MAX_BYTES) / row_bytes as u64);
         let start = self.high_water();
@@ -1058,6 +1087,35 @@ impl RowStore {
 mod tests {
     use super::*;
     use crate::raw::kernels::{axpy_row, store_row};
+
+    #[test]
+    fn strides_keep_rows_in_their_fewest_lines() {
+        // Dim 64: f32 with and without a score, bf16 with and without.
+        assert_eq!(line_stride(34), 34);
+        assert_eq!(line_stride(35), 36);
+        assert_eq!(line_stride(18), 18);
+        assert_eq!(line_stride(19), 20);
+        // Padding 48 bytes to 64 costs a third: not done.
+        assert_eq!(line_stride(6), 6);
+        assert_eq!(line_stride(1), 1);
+        assert_eq!(line_stride(32), 32);
+        for words in 1..300 {
+            let stride = line_stride(words);
+            let bytes = words * 8;
+            assert!(stride >= words && (stride - words) * 8 <= words, "{words}");
+            let fewest = bytes.div_ceil(64);
+            let span = |row: usize| (row * stride * 8 % 64 + bytes).div_ceil(64);
+            let minimal = (0..64).all(|row| span(row) == fewest);
+            let padding_would_cost = (bytes..=fewest * 64).step_by(8).all(|s| {
+                (s - bytes) * 8 > bytes
+                    || (0..64).any(|row| (row * s % 64 + bytes).div_ceil(64) > fewest)
+            });
+            assert!(
+                minimal || (stride == words && padding_would_cost),
+                "{words}"
+            );
+        }
+    }
 
     #[test]
     fn locate_maps_ids_to_doubling_segments() {

@@ -3,7 +3,7 @@
 //! what custom getters return.
 
 use crate::checkpoint::{self, Verified};
-use crate::{Key, Result, Variable};
+use crate::{Dtype, Key, Result, Variable};
 use std::any::Any;
 use std::path::Path;
 use std::sync::Arc;
@@ -17,6 +17,7 @@ pub(crate) trait StoredVariable: Send + Sync + 'static {
     fn name(&self) -> &str;
     fn key_type(&self) -> &'static str;
     fn dim(&self) -> usize;
+    fn value_dtype(&self) -> Dtype;
     fn num_shards(&self) -> usize;
     fn trainable(&self) -> bool;
     fn checkpoint(&self) -> bool;
@@ -38,6 +39,9 @@ impl<K: Key> StoredVariable for Variable<K> {
     }
     fn dim(&self) -> usize {
         Variable::dim(self)
+    }
+    fn value_dtype(&self) -> Dtype {
+        Variable::value_dtype(self)
     }
     fn num_shards(&self) -> usize {
         Variable::num_shards(self)
@@ -121,6 +125,11 @@ impl AnyVariable {
     /// Values per row.
     pub fn dim(&self) -> usize {
         self.inner.dim()
+    }
+
+    /// How values are stored.
+    pub fn value_dtype(&self) -> Dtype {
+        self.inner.value_dtype()
     }
 
     /// Number of shards.

@@ -149,7 +149,7 @@ impl<'r> Scope<'r> {
     /// Gets or creates the variable `"scope/name"` per this scope's reuse
     /// mode, through its custom getters. Errors: [`Error::AlreadyExists`]
     /// ([`Reuse::No`]), [`Error::NotFound`] ([`Reuse::Yes`]),
-    /// [`Error::Mismatch`] (exists with another key type or dim),
+    /// [`Error::Mismatch`] (exists with another key type, dim or value dtype),
     /// [`Error::InvalidArgument`] (a bad name or builder setting).
     pub fn get_variable<K: Key>(&self, builder: VariableBuilder<K>) -> Result<Variable<K>> {
         self.get(builder, false)
@@ -167,15 +167,18 @@ impl<'r> Scope<'r> {
             let name = format!("{prefix}/{}", builder.name());
             builder.set_name(name);
         }
-        let dim = builder.table_options().dim;
+        let (dim, dtype) = (
+            builder.table_options().dim,
+            builder.table_options().value_dtype,
+        );
         let request = VariableRequest::new(builder, self.reuse, local);
         let real = |request: VariableRequest| self.registry.get_or_create::<K>(request);
         let variable = run_chain(&self.getters, &real, request)?;
         // Only a custom getter returning a variable from elsewhere can fail.
         variable.downcast::<K>().ok_or_else(|| Error::Mismatch {
             name: variable.name().to_owned(),
-            existing: describe(variable.key_type(), variable.dim()),
-            requested: describe(K::TYPE_NAME, dim),
+            existing: describe(variable.key_type(), variable.dim(), variable.value_dtype()),
+            requested: describe(K::TYPE_NAME, dim, dtype),
         })
     }
 }
