@@ -153,10 +153,14 @@ pub enum Rounding {
     /// bf16 columns round stochastically: up with a probability equal to
     /// the distance from the value below, so that small updates survive on
     /// average instead of rounding away (FBGEMM's default for bf16 tables).
-    /// The random bits come from `seed`, the row's key and version and the
-    /// column, so a run repeated with the same seed stores the same bits.
-    /// F16 and F32 columns, and writes other than optimizer steps, round to
-    /// nearest even.
+    /// The random bits come from `seed`, the row's key, its version (how
+    /// often the row id has been written) and the column, so a run repeated
+    /// from the same start with the same seed stores the same bits, as long
+    /// as each key gets the same row id (one thread, no removals or
+    /// evictions). A checkpoint does not keep versions: a run resumed from
+    /// one draws other bits than an uninterrupted run (alike in
+    /// distribution). F16 and F32 columns, and writes other than optimizer
+    /// steps, round to nearest even.
     Stochastic {
         /// Selects the random bits.
         seed: u64,

@@ -192,12 +192,12 @@ fn validate_name(name: &str) -> Result<()> {
     Ok(())
 }
 
-/// `"key type i64, dim 8"` (and `", value dtype bf16"` unless `f32`), as
-/// mismatch errors describe a variable.
-fn describe(key_type: &str, dim: usize, dtype: Dtype) -> String {
+/// `"key type i64, dim 8"` (and `", value dtype bf16"` if a dtype is
+/// given), as mismatch errors describe a variable.
+fn describe(key_type: &str, dim: usize, dtype: Option<Dtype>) -> String {
     match dtype {
-        Dtype::F32 => format!("key type {key_type}, dim {dim}"),
-        _ => format!("key type {key_type}, dim {dim}, value dtype {dtype}"),
+        None => format!("key type {key_type}, dim {dim}"),
+        Some(dtype) => format!("key type {key_type}, dim {dim}, value dtype {dtype}"),
     }
 }
 
@@ -413,14 +413,16 @@ impl Registry {
                     || existing.dim() != dim
                     || existing.value_dtype() != dtype
                 {
+                    // Dtypes are named when they differ.
+                    let shown = |d: Dtype| (existing.value_dtype() != dtype).then_some(d);
                     return Err(Error::Mismatch {
                         name,
                         existing: describe(
                             existing.key_type(),
                             existing.dim(),
-                            existing.value_dtype(),
+                            shown(existing.value_dtype()),
                         ),
-                        requested: describe(K::TYPE_NAME, dim, dtype),
+                        requested: describe(K::TYPE_NAME, dim, shown(dtype)),
                     });
                 }
                 return Ok(existing.clone());

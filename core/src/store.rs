@@ -123,9 +123,10 @@ pub trait EmbeddingStore: Send + Sync {
     /// [`create_slots`](EmbeddingStore::create_slots) would succeed now with
     /// `slots`: names that are not empty and at most
     /// [`MAX_NAME_BYTES`](crate::MAX_NAME_BYTES) bytes, an existing slot's
-    /// initial value equal to the one asked for
-    /// ([`Error::Mismatch`](crate::Error::Mismatch)), finite new initial
-    /// values, and room for the new columns
+    /// initial value equal to the one asked for (a [`Variable`] compares
+    /// them rounded to its slot dtype;
+    /// [`Error::Mismatch`](crate::Error::Mismatch)), finite new initial
+    /// values that fit the slot dtype, and room for the new columns
     /// ([`MAX_SLOTS`](crate::MAX_SLOTS) per store). Another handle may
     /// create slots between this check and the creation.
     ///

@@ -596,8 +596,9 @@ impl<K: Key> Variable<K> {
     /// Adds the slot column `name` (an optimizer's per-row state, `dim`
     /// values per row) whose rows all start at `initial`, the rows already
     /// present included; or returns the existing slot of that name if it has
-    /// an equal initial value (`0.0` equals `-0.0`; [`Error::Mismatch`]
-    /// otherwise). At most [`MAX_SLOTS`](crate::MAX_SLOTS) slots per
+    /// an equal initial value once both are rounded to the slot dtype (`0.0`
+    /// equals `-0.0`; [`Error::Mismatch`] otherwise; an initial value that
+    /// does not fit the slot dtype is an [`Error::OutOfRange`]). At most [`MAX_SLOTS`](crate::MAX_SLOTS) slots per
     /// variable; a name is not empty and at most
     /// [`MAX_NAME_BYTES`](crate::MAX_NAME_BYTES) bytes long. An error
     /// creates nothing. [`Variable::create_slots`] creates several at once.
@@ -953,7 +954,8 @@ impl<K: Key> Variable<K> {
 
     /// Replaces the variable's contents with the checkpoint at `dir`. The
     /// whole checkpoint is checked first (checksums, key type, dim, shapes,
-    /// finite values); if anything is wrong the variable is left as it was.
+    /// finite values that fit the variable's dtypes); if anything is wrong
+    /// the variable is left as it was.
     /// The checkpoint may come from a variable with another shard count.
     pub fn restore(&self, dir: impl AsRef<Path>) -> Result<()> {
         checkpoint::read_into(self, dir.as_ref(), true)

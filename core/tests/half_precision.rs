@@ -1527,6 +1527,48 @@ fn stochastic_rounding_is_reproducible_and_unbiased() {
     assert_eq!(bits(&f16_stoch), bits(&f16_nearest));
 }
 
+#[test]
+fn stochastic_rounding_applies_to_a_step_that_inserts_a_key_too() {
+    // 1 + 2^-9 is a quarter of the way from 1 to the next bf16: about a
+    // quarter of the values and slot values round up, whether the step
+    // updates present rows or inserts missing keys.
+    let value = 1.0 + 2f32.powi(-9);
+    let dim = 4;
+    let keys: Vec<i64> = (0..4096).collect();
+    let var = Variable::<i64>::builder("stochastic_insert")
+        .dim(dim)
+        .value_dtype(Dtype::Bf16)
+        .slot_dtype(Dtype::Bf16)
+        .rounding(Rounding::Stochastic { seed: 7 })
+        .build()
+        .unwrap();
+    let m = var.create_slot("m", 0.0).unwrap();
+    let (present, missing) = keys.split_at(2048);
+    var.upsert(present, &vec![0.0; present.len() * dim])
+        .unwrap();
+    for half in [present, missing] {
+        var.update_rows(half, &[m], |_, row, slot| {
+            row.fill(value);
+            slot.fill(value);
+        })
+        .unwrap();
+        let up =
+            |rows: Vec<f32>| rows.iter().filter(|&&v| v > 1.0).count() as f64 / rows.len() as f64;
+        let (values, slots) = (lookup(&var, half), lookup_slot(&var, m, half));
+        for (what, share) in [("values", up(values)), ("slots", up(slots))] {
+            assert!(
+                (0.2..0.3).contains(&share),
+                "{what} of {} keys: {share} rounded up",
+                if half == present {
+                    "present"
+                } else {
+                    "missing"
+                }
+            );
+        }
+    }
+}
+
 // ---------------------------------------------------------------- 6. memory
 
 #[test]

@@ -226,7 +226,7 @@ fn another_value_dtype_is_a_mismatch() {
     let err = reg.get_variable(b::<i64>("emb", 8)).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "variable emb exists with key type i64, dim 8, value dtype bf16; requested key type i64, dim 8"
+        "variable emb exists with key type i64, dim 8, value dtype bf16; requested key type i64, dim 8, value dtype f32"
     );
     let again = reg
         .get_variable(b::<i64>("emb", 8).value_dtype(dynemb::Dtype::Bf16))

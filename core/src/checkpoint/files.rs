@@ -109,18 +109,20 @@ fn tensor_dtype(dtype: crate::Dtype) -> Dtype {
 /// view of them for `f32` on little-endian machines).
 fn le_bytes(values: &[f32], dtype: crate::Dtype) -> Cow<'_, [u8]> {
     let halves = |bits: Vec<u16>| Cow::Owned(bits.iter().flat_map(|b| b.to_le_bytes()).collect());
-    let mut bits = vec![0u16; values.len()];
+    let zeros = || vec![0u16; values.len()];
     match dtype {
         crate::Dtype::F32 if cfg!(target_endian = "little") => {
             Cow::Borrowed(bytemuck::cast_slice(values))
         }
         crate::Dtype::F32 => Cow::Owned(values.iter().flat_map(|v| v.to_le_bytes()).collect()),
         crate::Dtype::F16 => {
+            let mut bits = zeros();
             bits.reinterpret_cast_mut::<f16>()
                 .convert_from_f32_slice(values);
             halves(bits)
         }
         crate::Dtype::Bf16 => {
+            let mut bits = zeros();
             bits.reinterpret_cast_mut::<bf16>()
                 .convert_from_f32_slice(values);
             halves(bits)

@@ -11,8 +11,8 @@
 //! 2^34 rows.
 //!
 //! [`RowStore`] holds the main column, where each row is a two- or three-word
-//! header and the `dim` values packed two `f32` per word (see
-//! [`kernels`](super::kernels)):
+//! header and the `dim` values packed by the value dtype's [`Codec`] (two
+//! `f32` or four halves per word):
 //!
 //! - header word 0, the *state*: bit 0 = locked by a writer, bit 1 = live (the
 //!   row belongs to a key in the index), bits 2.. a version counter bumped by
@@ -29,7 +29,7 @@
 //! row's state word guards them; a seqlock read of a row checks it around the
 //! slot words too). Slots can be added to a store that already holds rows, so
 //! a slot column stores each value XOR-encoded with the bits of the slot's
-//! initial value ([`load_row_xor`]): zeroed memory reads as the initial value,
+//! initial value (see [`Codec`]): zeroed memory reads as the initial value,
 //! rows that existed before the slot need no fill, and a reused row is reset
 //! by zeroing its slot words. A new row resets every slot column the store
 //! has when the row is written, reading the slot count after taking the row's
@@ -307,12 +307,16 @@ impl SlotColumn {
         self.codec.store(self.column.row(row), src);
     }
 
-    /// [`SlotColumn::store`] rounding stochastically with `noise` (see
-    /// [`Codec::store_stochastic`]).
-    fn store_stochastic(&self, row: u64, src: &[f32], noise: u64) {
+    /// [`SlotColumn::store`], rounding stochastically with `noise` if given
+    /// (see [`Codec::store_stochastic`]).
+    fn store_rounded(&self, row: u64, src: &[f32], noise: Option<u64>) {
         self.column.ensure(row);
-        self.codec
-            .store_stochastic(self.column.row(row), src, noise);
+        match noise {
+            Some(noise) => self
+                .codec
+                .store_stochastic(self.column.row(row), src, noise),
+            None => self.codec.store(self.column.row(row), src),
+        }
     }
 
     /// Sets the slot's row back to the initial value; the caller holds the
@@ -324,6 +328,11 @@ impl SlotColumn {
             }
         }
     }
+}
+
+/// The random bits of slot column `slot`, from a write's `noise`.
+fn column_noise(noise: Option<u64>, slot: usize) -> Option<u64> {
+    noise.map(|noise| mix(noise ^ ((1 + slot as u64) << 56)))
 }
 
 /// Releases a row lock when dropped, with the state the holder set: the
@@ -757,18 +766,71 @@ impl RowStore {
         slots: &[(usize, &[f32])],
         score: Score,
     ) {
+        self.fill_new(row, key, values, slots, score, false);
+    }
+
+    /// [`RowStore::write_new`] for an optimizer step's insert: rounds as the
+    /// store's [`Rounding`] says, as [`RowStore::update_with_slots`] does.
+    pub(crate) fn write_new_step(
+        &self,
+        row: u64,
+        key: u64,
+        values: &[f32],
+        slots: &[(usize, &[f32])],
+        score: Score,
+    ) {
+        self.fill_new(row, key, values, slots, score, true);
+    }
+
+    /// [`RowStore::write_new`], rounding as a step does if `step`.
+    fn fill_new(
+        &self,
+        row: u64,
+        key: u64,
+        values: &[f32],
+        slots: &[(usize, &[f32])],
+        score: Score,
+        step: bool,
+    ) {
         self.locked(row, Some(true), score, |words| {
             words[1].store(key, Ordering::Relaxed);
-            self.values.store(&words[self.values_at..], values);
+            let noise = self.step_noise(words, step);
+            self.store_values(&words[self.values_at..], values, noise);
             // Read under the row's lock: see the module docs.
             for slot in 0..self.slot_count() {
                 match slots.iter().find(|(s, _)| *s == slot) {
-                    Some((_, src)) => self.slot(slot).store(row, src),
+                    Some((_, src)) => {
+                        self.slot(slot)
+                            .store_rounded(row, src, column_noise(noise, slot))
+                    }
                     None => self.slot(slot).reset(row),
                 }
             }
             true
         });
+    }
+
+    /// The random bits a step's write to a locked row rounds with, if the
+    /// store rounds stochastically and this is a step (`step`): from the
+    /// seed, the row's key and its state word, which holds the version the
+    /// write replaces, so every write of the row draws new bits.
+    fn step_noise(&self, words: &[AtomicU64], step: bool) -> Option<u64> {
+        match self.format.rounding {
+            Rounding::Stochastic { seed } if step => {
+                let state = words[0].load(Ordering::Relaxed);
+                let key = words[1].load(Ordering::Relaxed);
+                Some(mix(seed ^ key) ^ state)
+            }
+            _ => None,
+        }
+    }
+
+    /// Stores a row's values, rounding stochastically with `noise` if given.
+    fn store_values(&self, values: &[AtomicU64], src: &[f32], noise: Option<u64>) {
+        match noise {
+            Some(noise) => self.values.store_stochastic(values, src, mix(noise)),
+            None => self.values.store(values, src),
+        }
     }
 
     /// Marks a removed key's row as dead.
@@ -841,26 +903,11 @@ impl RowStore {
             if !update(values, slot_rows) {
                 return false;
             }
-            let slot_rows = slots.iter().zip(slot_rows.chunks_exact(dim));
-            match self.format.rounding {
-                Rounding::NearestEven => {
-                    self.values.store(at, values);
-                    for (&slot, src) in slot_rows {
-                        self.slot(slot).store(row, src);
-                    }
-                }
-                Rounding::Stochastic { seed } => {
-                    // The row is locked: its state word holds the version
-                    // this write replaces, so every write draws new bits.
-                    let state = words[0].load(Ordering::Relaxed);
-                    let key = words[1].load(Ordering::Relaxed);
-                    let noise = |column: u64| mix(mix(seed ^ key) ^ state ^ (column << 56));
-                    self.values.store_stochastic(at, values, noise(0));
-                    for (&slot, src) in slot_rows {
-                        self.slot(slot)
-                            .store_stochastic(row, src, noise(1 + slot as u64));
-                    }
-                }
+            let noise = self.step_noise(words, true);
+            self.store_values(at, values, noise);
+            for (&slot, src) in slots.iter().zip(slot_rows.chunks_exact(dim)) {
+                self.slot(slot)
+                    .store_rounded(row, src, column_noise(noise, slot));
             }
             true
         })

@@ -1244,7 +1244,7 @@ impl Table {
                     let written = written.as_slice();
                     let inserted;
                     (row, inserted) = writer.find_or_insert(key, hash, |new| {
-                        self.rows.write_new(new, key, values, written, score);
+                        self.rows.write_new_step(new, key, values, written, score);
                     })?;
                     if inserted {
                         return Ok(());

@@ -167,18 +167,15 @@ impl<'r> Scope<'r> {
             let name = format!("{prefix}/{}", builder.name());
             builder.set_name(name);
         }
-        let (dim, dtype) = (
-            builder.table_options().dim,
-            builder.table_options().value_dtype,
-        );
+        let dim = builder.table_options().dim;
         let request = VariableRequest::new(builder, self.reuse, local);
         let real = |request: VariableRequest| self.registry.get_or_create::<K>(request);
         let variable = run_chain(&self.getters, &real, request)?;
         // Only a custom getter returning a variable from elsewhere can fail.
         variable.downcast::<K>().ok_or_else(|| Error::Mismatch {
             name: variable.name().to_owned(),
-            existing: describe(variable.key_type(), variable.dim(), variable.value_dtype()),
-            requested: describe(K::TYPE_NAME, dim, dtype),
+            existing: describe(variable.key_type(), variable.dim(), None),
+            requested: describe(K::TYPE_NAME, dim, None),
         })
     }
 }

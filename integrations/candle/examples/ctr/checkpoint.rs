@@ -17,7 +17,11 @@
 //! candle-nn's `AdamW` keeps its moments and step count in private fields
 //! (candle-nn 0.11 `optim.rs`), so they are not in a checkpoint: a resumed
 //! run restarts the MLP's AdamW from zero moments (the program says so).
-//! Everything else resumes exactly.
+//! Everything else resumes exactly, but stochastic rounding
+//! (`--stochastic-rounding`): its random bits follow each row's write
+//! count, which a restore starts anew, so a resumed run rounds with other
+//! bits than an uninterrupted one would (alike in distribution, not in
+//! bits).
 //!
 //! **Crash safety.** A checkpoint is written whole into a staging directory
 //! beside `DIR` (`.NAME.ctr-staging`), its files flushed to disk, then put
@@ -68,7 +72,8 @@
 //! before anything changes). So an f32 run can go on in bf16, at half the
 //! table's row memory, or a bf16 run in f32. The resumed run says when it
 //! converts ([`RunConfig::conversion`]); it is then not the run an
-//! uninterrupted one would have been, as a resumed MLP's AdamW is not.
+//! uninterrupted one would have been, as a resumed MLP's AdamW is not; nor
+//! is a resumed run with `--stochastic-rounding` (see above).
 
 use std::fs::{self, File};
 use std::io::Write;

@@ -178,7 +178,7 @@ pub struct Flags {
     pub dtype: Dtype,
 
     /// How the table stores the Adam slots m and v: f32, f16 or bf16 (f16
-    /// rounds squared gradients below about 6e-8 to zero; not f16 or bf16
+    /// rounds squared gradients below about 3e-8 to zero; not f16 or bf16
     /// with --redis; may change on --resume)
     #[arg(long, value_name = "DTYPE", default_value_t = Dtype::F32, value_parser = dtype,
           help_heading = "Table")]
