@@ -11,7 +11,9 @@
 //! the cutoff falls 150 ms from the writes on either side of the gap
 //! however long the writes themselves take.
 
-use dynemb::{Admission, EmbeddingTable, Error, Initializer, RestrictPolicy, SlotId, Variable};
+use dynemb::{
+    Admission, Dtype, EmbeddingTable, Error, Initializer, RestrictPolicy, SlotId, Variable,
+};
 use dynemb_redis::{RedisConfig, RedisVariable};
 use dynemb_test_support::servers::{absent_port, module_calls, unique_name, Cluster, Form, Server};
 use std::collections::HashSet;
@@ -458,5 +460,39 @@ fn capacity_admission_and_eviction_listener_are_refused_at_open() {
     assert!(both.contains("a capacity"), "{both}");
     for message in [capacity, admission, both] {
         assert!(message.contains("expire or restrict"), "{message}");
+    }
+}
+
+/// Half-precision values or slots are refused before any server is asked:
+/// a Redis table stores f32 (its scripts add in f32, so they could not
+/// round as a local half-precision table does).
+#[test]
+fn half_precision_dtypes_are_refused_at_open() {
+    let nowhere = RedisConfig::with_nodes([format!("127.0.0.1:{}", absent_port())]);
+    for (builder, column, dtype) in [
+        (
+            Variable::builder("v").value_dtype(Dtype::Bf16),
+            "value",
+            "bf16",
+        ),
+        (
+            Variable::builder("v").value_dtype(Dtype::F16),
+            "value",
+            "f16",
+        ),
+        (
+            Variable::builder("s").slot_dtype(Dtype::Bf16),
+            "slot",
+            "bf16",
+        ),
+    ] {
+        match RedisVariable::<i64>::open(builder.dim(DIM), nowhere.clone()).unwrap_err() {
+            Error::InvalidArgument(message) => assert!(
+                message.contains(&format!("{column} dtype cannot be {dtype}"))
+                    && message.contains("stores f32"),
+                "{message}"
+            ),
+            other => panic!("not refused as invalid: {other}"),
+        }
     }
 }
