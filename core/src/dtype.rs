@@ -16,11 +16,14 @@
 //! IEEE rounding does.
 
 use half::{bf16, f16};
+use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
 
-/// The number format of stored values: TFRA's `value_dtype`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+/// The number format of stored values: TFRA's `value_dtype`. Serialized
+/// (in checkpoints' `index.json`) as its [name](Dtype::name).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Dtype {
     /// IEEE single precision, 4 bytes: values are stored exactly.
     #[default]

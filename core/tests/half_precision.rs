@@ -486,17 +486,7 @@ impl Model {
             }
             Op::UpdateRows(idx, mask, reverse, seed) => {
                 let keys = keys_of(idx);
-                let mut listed: Vec<(usize, SlotId)> = self
-                    .created
-                    .iter()
-                    .copied()
-                    .filter(|&(kind, _)| mask >> kind & 1 == 1)
-                    .collect();
-                if *reverse {
-                    listed.reverse();
-                }
-                let kinds: Vec<usize> = listed.iter().map(|&(k, _)| k).collect();
-                let ids: Vec<SlotId> = listed.iter().map(|&(_, id)| id).collect();
+                let (kinds, ids) = contract::listed_slots(&self.created, *mask, *reverse);
                 let mut inputs = Vec::with_capacity(keys.len());
                 for (pos, &k) in keys.iter().enumerate() {
                     let mut row = self.rows.remove(&k).unwrap_or_else(|| self.fresh(k));

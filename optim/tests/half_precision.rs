@@ -37,36 +37,13 @@
 
 use dynemb::{Dtype, Error, Rounding, Variable};
 use dynemb_optim::*;
+use dynemb_test_support::goldens::{self, floats, ids};
 use serde_json::Value;
 
 /// `C` of the bound (module docs) for rounding to nearest even.
 const C_NEAREST: f32 = 2.0;
 /// `C` of the bound for stochastic rounding (up to a whole ulp per store).
 const C_STOCHASTIC: f32 = 4.0;
-
-fn goldens() -> Value {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/goldens.json");
-    serde_json::from_slice(&std::fs::read(path).expect("goldens.json")).expect("valid JSON")
-}
-
-fn floats(v: &Value) -> Vec<f32> {
-    v.as_array()
-        .expect("an array")
-        .iter()
-        .flat_map(|x| match x {
-            Value::Array(_) => floats(x),
-            _ => vec![x.as_f64().expect("a number") as f32],
-        })
-        .collect()
-}
-
-fn ids(v: &Value) -> Vec<i64> {
-    v.as_array()
-        .expect("an array")
-        .iter()
-        .map(|x| x.as_i64().expect("an id"))
-        .collect()
-}
 
 /// Half the distance from 1 to the next representable number.
 fn unit_roundoff(dtype: Dtype) -> f32 {
@@ -206,7 +183,7 @@ fn track<R: Rule>(golden: &Value, case: &Value, storage: Storage, c: f32) -> Wor
 /// Replays every golden case in every storage of `rounding`, printing the
 /// worst element of each, and checks them against the bound.
 fn track_all(rounding: Rounding, c: f32) {
-    let golden = goldens();
+    let golden = goldens::load();
     let cases = golden["cases"].as_array().unwrap();
     let mut overall = Worst::default();
     let mut runs = 0;

@@ -11,33 +11,10 @@
 
 use dynemb::Variable;
 use dynemb_optim::*;
+use dynemb_test_support::goldens::{self, floats, ids};
 use serde_json::Value;
 
 const TOLERANCE: f32 = 1e-6;
-
-fn goldens() -> Value {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/goldens.json");
-    serde_json::from_slice(&std::fs::read(path).expect("goldens.json")).expect("valid JSON")
-}
-
-fn floats(v: &Value) -> Vec<f32> {
-    v.as_array()
-        .expect("an array")
-        .iter()
-        .flat_map(|x| match x {
-            Value::Array(_) => floats(x),
-            _ => vec![x.as_f64().expect("a number") as f32],
-        })
-        .collect()
-}
-
-fn ids(v: &Value) -> Vec<i64> {
-    v.as_array()
-        .expect("an array")
-        .iter()
-        .map(|x| x.as_i64().expect("an id"))
-        .collect()
-}
 
 fn assert_close(got: &[f32], expected: &[f32], what: &str) {
     assert_eq!(got.len(), expected.len(), "{what}");
@@ -113,7 +90,7 @@ fn run_case<R: Rule>(golden: &Value, case: &Value, shards: usize) {
 }
 
 fn run_all(filter: &str) {
-    let golden = goldens();
+    let golden = goldens::load();
     let mut ran = 0;
     for case in golden["cases"].as_array().unwrap() {
         let optimizer = case["optimizer"].as_str().unwrap();
@@ -141,7 +118,7 @@ fn run_all(filter: &str) {
 
 #[test]
 fn goldens_were_made_by_tensorflow() {
-    let golden = goldens();
+    let golden = goldens::load();
     assert!(golden["tensorflow"].as_str().unwrap().starts_with("2.16"));
     let ids = ids(&golden["ids"]);
     let in_batches: Vec<i64> = golden["steps"]

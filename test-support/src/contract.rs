@@ -312,6 +312,25 @@ fn small_int(seed: u32, r: usize, c: usize) -> f32 {
     x as f32 - 8.0
 }
 
+/// The slots an `update_rows` op of a model test passes: those of `created`
+/// (kind, id) whose kind's bit is set in `mask`, in creation order or
+/// reversed; as their kinds and their ids.
+pub fn listed_slots(
+    created: &[(usize, SlotId)],
+    mask: u8,
+    reverse: bool,
+) -> (Vec<usize>, Vec<SlotId>) {
+    let mut listed: Vec<(usize, SlotId)> = created
+        .iter()
+        .copied()
+        .filter(|&(kind, _)| mask >> kind & 1 == 1)
+        .collect();
+    if reverse {
+        listed.reverse();
+    }
+    listed.into_iter().unzip()
+}
+
 /// The custom partitioner a [`Spec`] may ask for: `(key bits, shards) ->
 /// shard`.
 pub fn custom_partition(bits: u64, n: usize) -> usize {
@@ -923,17 +942,7 @@ impl<M: Maker, K: TestKey> SlotRunner<M, K> {
             }
             SlotOp::UpdateRows(idx, mask, reverse, seed) => {
                 let keys = keys_of(idx);
-                let mut listed: Vec<(usize, SlotId)> = self
-                    .created
-                    .iter()
-                    .copied()
-                    .filter(|&(kind, _)| mask >> kind & 1 == 1)
-                    .collect();
-                if *reverse {
-                    listed.reverse();
-                }
-                let kinds: Vec<usize> = listed.iter().map(|&(k, _)| k).collect();
-                let ids: Vec<SlotId> = listed.iter().map(|&(_, id)| id).collect();
+                let (kinds, ids) = listed_slots(&self.created, *mask, *reverse);
                 // The model, in batch order (each key's occurrences in order).
                 let mut expected_inputs = Vec::with_capacity(keys.len());
                 for (pos, &k) in keys.iter().enumerate() {
@@ -2140,17 +2149,7 @@ impl<'m, M: LifecycleMaker, K: TestKey> LifeRunner<'m, M, K> {
             }
             LifeOp::UpdateRows(idx, mask, reverse, seed) => {
                 let keys = keys_of(idx);
-                let mut listed: Vec<(usize, SlotId)> = self
-                    .created
-                    .iter()
-                    .copied()
-                    .filter(|&(kind, _)| mask >> kind & 1 == 1)
-                    .collect();
-                if *reverse {
-                    listed.reverse();
-                }
-                let kinds: Vec<usize> = listed.iter().map(|&(k, _)| k).collect();
-                let ids: Vec<SlotId> = listed.iter().map(|&(_, id)| id).collect();
+                let (kinds, ids) = listed_slots(&self.created, *mask, *reverse);
                 let mut seen: Vec<Option<(Vec<f32>, Vec<f32>)>> = vec![None; keys.len()];
                 self.var
                     .update_rows(&keys, &ids, |pos, values, slots| {

@@ -57,10 +57,8 @@ pub enum Way {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct TableDtypes {
     /// The dtype of the embedding values.
-    #[serde(with = "dtype_name")]
     pub values: Dtype,
     /// The dtype of the Adam slots `m` and `v`.
-    #[serde(with = "dtype_name")]
     pub slots: Dtype,
 }
 
@@ -70,23 +68,6 @@ impl TableDtypes {
         values: Dtype::F32,
         slots: Dtype::F32,
     };
-}
-
-/// A [`Dtype`] in JSON: its name (`"f32"`, `"f16"`, `"bf16"`).
-mod dtype_name {
-    use dynemb::Dtype;
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    /// Writes `dtype`'s name.
-    pub fn serialize<S: Serializer>(dtype: &Dtype, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(dtype.name())
-    }
-
-    /// Reads a dtype's name.
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Dtype, D::Error> {
-        let name = String::deserialize(deserializer)?;
-        name.parse().map_err(serde::de::Error::custom)
-    }
 }
 
 /// A dynemb model; see the [module docs](self).

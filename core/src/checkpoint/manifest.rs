@@ -39,11 +39,11 @@ pub(crate) struct Manifest {
     pub scores: Option<String>,
     /// The dtype of the `values` tensors (`"f16"`, `"bf16"`); absent for
     /// `f32`, as in checkpoints written before half precision.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub value_dtype: Option<String>,
+    #[serde(default, skip_serializing_if = "is_f32")]
+    pub value_dtype: Dtype,
     /// The dtype of the `slot.<name>` tensors; absent for `f32`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub slot_dtype: Option<String>,
+    #[serde(default, skip_serializing_if = "is_f32")]
+    pub slot_dtype: Dtype,
     /// Most rows one file holds.
     pub rows_per_file: usize,
     /// Rows in all files together.
@@ -212,17 +212,10 @@ pub(crate) struct FileEntry {
     pub crc32: u32,
 }
 
-/// The dtype a manifest field names (absent: `f32`).
-fn dtype_of(field: Option<&str>) -> Dtype {
-    Dtype::ALL
-        .into_iter()
-        .find(|d| Some(d.name()) == field)
-        .unwrap_or_default()
-}
-
-/// The manifest field of a dtype: absent for `f32`.
-pub(crate) fn dtype_field(dtype: Dtype) -> Option<String> {
-    (dtype != Dtype::F32).then(|| dtype.name().to_string())
+/// Whether a dtype field is left out of `index.json` (`f32`, the dtype of
+/// checkpoints written before half precision).
+fn is_f32(dtype: &Dtype) -> bool {
+    *dtype == Dtype::F32
 }
 
 /// The error for a checkpoint that cannot be used as it is.
@@ -269,19 +262,6 @@ impl Manifest {
                     path,
                     format!("slot {:?} has a non-finite initial value", slot.name),
                 ));
-            }
-        }
-        for (field, dtype) in [
-            ("value_dtype", &manifest.value_dtype),
-            ("slot_dtype", &manifest.slot_dtype),
-        ] {
-            if let Some(name) = dtype {
-                if !Dtype::ALL.iter().any(|d| d.name() == name) {
-                    return Err(corrupt(
-                        path,
-                        format!("{field} {name:?} is not f32, f16 or bf16"),
-                    ));
-                }
             }
         }
         if let Some(scores) = &manifest.scores {
@@ -337,16 +317,6 @@ impl Manifest {
             admission.check(path, &manifest.files)?;
         }
         Ok(manifest)
-    }
-
-    /// The dtype of the saved values (checked by `parse`).
-    pub(crate) fn value_dtype(&self) -> Dtype {
-        dtype_of(self.value_dtype.as_deref())
-    }
-
-    /// The dtype of the saved slot rows (checked by `parse`).
-    pub(crate) fn slot_dtype(&self) -> Dtype {
-        dtype_of(self.slot_dtype.as_deref())
     }
 
     /// The restrict policy of the saved scores, if any (checked by `parse`).

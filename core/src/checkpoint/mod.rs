@@ -164,7 +164,7 @@ use crate::restrict::observe_timestamp;
 use crate::{Error, Key, RestrictPolicy, Result, Variable};
 use files::{FileRows, FloatDtypes, KeyCodec};
 use lock::CheckpointLock;
-use manifest::{corrupt, dtype_field, FileEntry, Manifest, SlotEntry, FORMAT, MANIFEST, VERSION};
+use manifest::{corrupt, FileEntry, Manifest, SlotEntry, FORMAT, MANIFEST, VERSION};
 use place::Place;
 pub use rows::{save_rows, Reader, Rows, TableInfo};
 use std::collections::VecDeque;
@@ -390,8 +390,8 @@ fn write_checkpoint<K: Key>(variable: &Variable<K>, staging: &Path) -> Result<()
         shards: variable.num_shards(),
         slots,
         scores: policy.map(|p| p.name().to_string()),
-        value_dtype: dtype_field(dtypes.values),
-        slot_dtype: dtype_field(dtypes.slots),
+        value_dtype: dtypes.values,
+        slot_dtype: dtypes.slots,
         rows_per_file,
         rows: 0,
         files: Vec::new(),
@@ -532,8 +532,8 @@ fn for_each_file(
         manifest.scores.is_some(),
     );
     let dtypes = FloatDtypes {
-        values: manifest.value_dtype(),
-        slots: manifest.slot_dtype(),
+        values: manifest.value_dtype,
+        slots: manifest.slot_dtype,
     };
     for entry in &manifest.files {
         rows(files::read_verified(

@@ -10,7 +10,7 @@
 //! [`Variable`]: crate::Variable
 
 use super::files::{self, FileRows, FloatDtypes, KeyCodec};
-use super::manifest::{dtype_field, Manifest, SlotEntry, FORMAT, VERSION};
+use super::manifest::{Manifest, SlotEntry, FORMAT, VERSION};
 use super::{for_each_file, save_with, verify_with, FilesWriter, Verified};
 use crate::checks::{check_fits, check_len};
 use crate::restrict::observe_timestamp;
@@ -218,8 +218,8 @@ where
                 })
                 .collect(),
             scores: info.scores.map(|p| p.name().to_string()),
-            value_dtype: dtype_field(info.value_dtype),
-            slot_dtype: dtype_field(info.slot_dtype),
+            value_dtype: info.value_dtype,
+            slot_dtype: info.slot_dtype,
             rows_per_file,
             rows: 0,
             files: Vec::new(),
@@ -266,8 +266,8 @@ impl<K: Key> Reader<K> {
                 .collect(),
             scores: manifest.policy(),
             shards: manifest.shards,
-            value_dtype: manifest.value_dtype(),
-            slot_dtype: manifest.slot_dtype(),
+            value_dtype: manifest.value_dtype,
+            slot_dtype: manifest.slot_dtype,
         }
     }
 

@@ -330,6 +330,21 @@ impl SlotColumn {
     }
 }
 
+/// The random bits a write to a locked row rounds with, if it rounds
+/// stochastically: from the seed, the row's key and its state word, which
+/// holds the version the write replaces, so every write of the row draws new
+/// bits.
+fn noise(words: &[AtomicU64], rounding: Rounding) -> Option<u64> {
+    match rounding {
+        Rounding::Stochastic { seed } => {
+            let state = words[0].load(Ordering::Relaxed);
+            let key = words[1].load(Ordering::Relaxed);
+            Some(mix(seed ^ key) ^ state)
+        }
+        Rounding::NearestEven => None,
+    }
+}
+
 /// The random bits of slot column `slot`, from a write's `noise`.
 fn column_noise(noise: Option<u64>, slot: usize) -> Option<u64> {
     noise.map(|noise| mix(noise ^ ((1 + slot as u64) << 56)))
@@ -754,7 +769,9 @@ impl RowStore {
     }
 
     /// Fills a row fresh from the cache with its key, values and `slots`
-    /// (`(slot, row)` pairs; every other slot is reset to its initial value)
+    /// (`(slot, row)` pairs; every other slot is reset to its initial value),
+    /// rounded as `rounding` says (an optimizer step's insert rounds as the
+    /// store's [`RowFormat::rounding`]; every other write to nearest even),
     /// and marks it live: called while the key's slot is pending, just before
     /// the key is published, so only an export scan can see the row before
     /// that.
@@ -765,36 +782,11 @@ impl RowStore {
         values: &[f32],
         slots: &[(usize, &[f32])],
         score: Score,
-    ) {
-        self.fill_new(row, key, values, slots, score, false);
-    }
-
-    /// [`RowStore::write_new`] for an optimizer step's insert: rounds as the
-    /// store's [`Rounding`] says, as [`RowStore::update_with_slots`] does.
-    pub(crate) fn write_new_step(
-        &self,
-        row: u64,
-        key: u64,
-        values: &[f32],
-        slots: &[(usize, &[f32])],
-        score: Score,
-    ) {
-        self.fill_new(row, key, values, slots, score, true);
-    }
-
-    /// [`RowStore::write_new`], rounding as a step does if `step`.
-    fn fill_new(
-        &self,
-        row: u64,
-        key: u64,
-        values: &[f32],
-        slots: &[(usize, &[f32])],
-        score: Score,
-        step: bool,
+        rounding: Rounding,
     ) {
         self.locked(row, Some(true), score, |words| {
             words[1].store(key, Ordering::Relaxed);
-            let noise = self.step_noise(words, step);
+            let noise = noise(words, rounding);
             self.store_values(&words[self.values_at..], values, noise);
             // Read under the row's lock: see the module docs.
             for slot in 0..self.slot_count() {
@@ -808,21 +800,6 @@ impl RowStore {
             }
             true
         });
-    }
-
-    /// The random bits a step's write to a locked row rounds with, if the
-    /// store rounds stochastically and this is a step (`step`): from the
-    /// seed, the row's key and its state word, which holds the version the
-    /// write replaces, so every write of the row draws new bits.
-    fn step_noise(&self, words: &[AtomicU64], step: bool) -> Option<u64> {
-        match self.format.rounding {
-            Rounding::Stochastic { seed } if step => {
-                let state = words[0].load(Ordering::Relaxed);
-                let key = words[1].load(Ordering::Relaxed);
-                Some(mix(seed ^ key) ^ state)
-            }
-            _ => None,
-        }
     }
 
     /// Stores a row's values, rounding stochastically with `noise` if given.
@@ -903,7 +880,7 @@ impl RowStore {
             if !update(values, slot_rows) {
                 return false;
             }
-            let noise = self.step_noise(words, true);
+            let noise = noise(words, self.format.rounding);
             self.store_values(at, values, noise);
             for (&slot, src) in slots.iter().zip(slot_rows.chunks_exact(dim)) {
                 self.slot(slot)
@@ -1191,6 +1168,7 @@ mod tests {
                 &[id as f32, 1.0, -(id as f32)],
                 &[],
                 Score::Keep,
+                Rounding::NearestEven,
             );
         }
         let mut out = [0.0; 3];
@@ -1294,7 +1272,7 @@ mod tests {
         let store = RowStore::new(33, false);
         let mut cache = RowCache::default();
         let row = store.take(&mut cache).unwrap();
-        store.write_new(row, 1, &[0.0; 33], &[], Score::Keep);
+        store.write_new(row, 1, &[0.0; 33], &[], Score::Keep, Rounding::NearestEven);
         std::thread::scope(|s| {
             s.spawn(|| {
                 for i in 0..if cfg!(miri) { 50 } else { 2000 } {
@@ -1320,7 +1298,7 @@ mod tests {
         let store = RowStore::new(3, false);
         let mut cache = RowCache::default();
         let old = store.take(&mut cache).unwrap();
-        store.write_new(old, 1, &[1.0; 3], &[], Score::Keep);
+        store.write_new(old, 1, &[1.0; 3], &[], Score::Keep, Rounding::NearestEven);
         // Added after the row exists: the row reads the initial value.
         let m = store.add_slot(0.0).unwrap();
         let acc = store.add_slot(0.1).unwrap();
@@ -1356,7 +1334,14 @@ mod tests {
             store.update_with_slots(old, Score::Keep, &[m], &mut scratch[..6], |_, _| true),
             None
         );
-        store.write_new(old, 2, &[3.0; 3], &[(acc, &[7.0; 3])], Score::Keep);
+        store.write_new(
+            old,
+            2,
+            &[3.0; 3],
+            &[(acc, &[7.0; 3])],
+            Score::Keep,
+            Rounding::NearestEven,
+        );
         assert_eq!(store.read_live(old, &mut out, &mut slot_out), Some((2, 0)));
         assert_eq!(slot_out, [0.0, 0.0, 0.0, 7.0, 7.0, 7.0]);
         assert!(store.overwrite(old, &[4.0; 3], &[(m, &[8.0; 3])], Score::Keep));
@@ -1380,7 +1365,14 @@ mod tests {
         let store = RowStore::new(2, true);
         let mut cache = RowCache::default();
         let row = store.take(&mut cache).unwrap();
-        store.write_new(row, 5, &[1.0, 2.0], &[], Score::Count);
+        store.write_new(
+            row,
+            5,
+            &[1.0, 2.0],
+            &[],
+            Score::Count,
+            Rounding::NearestEven,
+        );
         assert_eq!(store.score(row), 1);
         assert_eq!(store.update(row, Score::Count, |_| true), Some(true));
         assert!(store.overwrite(row, &[3.0, 4.0], &[], Score::Count));
@@ -1401,7 +1393,7 @@ mod tests {
         assert_eq!(store.read_live(row, &mut out, &mut []), Some((5, 99)));
         assert_eq!(out, [3.0, 4.0], "the score word does not shift the values");
         store.mark_dead(row);
-        store.write_new(row, 6, &[0.0; 2], &[], Score::Keep);
+        store.write_new(row, 6, &[0.0; 2], &[], Score::Keep, Rounding::NearestEven);
         assert_eq!(store.score(row), 0, "a new row starts over");
         assert_eq!(RowStore::new(2, false).score(0), 0);
         store.release(cache);
@@ -1413,7 +1405,7 @@ mod tests {
         let slot = store.add_slot(0.0).unwrap();
         let mut cache = RowCache::default();
         let row = store.take(&mut cache).unwrap();
-        store.write_new(row, 5, &[1.0, 2.0], &[], Score::Keep);
+        store.write_new(row, 5, &[1.0, 2.0], &[], Score::Keep, Rounding::NearestEven);
         let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mut scratch = [0.0; 4];
             store.update_with_slots(row, Score::Keep, &[slot], &mut scratch, |v, _| {
@@ -1439,7 +1431,14 @@ mod tests {
         let slot = store.add_slot(0.25).unwrap();
         let mut cache = RowCache::default();
         let row = store.take(&mut cache).unwrap();
-        store.write_new(row, 1, &[0.0; 5], &[(slot, &[0.0; 5])], Score::Set(0));
+        store.write_new(
+            row,
+            1,
+            &[0.0; 5],
+            &[(slot, &[0.0; 5])],
+            Score::Set(0),
+            Rounding::NearestEven,
+        );
         let steps = if cfg!(miri) { 30 } else { 2000 };
         std::thread::scope(|s| {
             s.spawn(|| {

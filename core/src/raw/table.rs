@@ -26,7 +26,7 @@ use super::sync::Spin;
 use crate::lifecycle::admission::Admitter;
 use crate::lifecycle::{EvictedRows, ShardListener};
 use crate::restrict::next_timestamp;
-use crate::{Error, RestrictPolicy, Result};
+use crate::{Error, RestrictPolicy, Result, Rounding};
 use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -1030,7 +1030,8 @@ impl Table {
             }
             let (row, inserted) = writer.find_or_insert(key, hash, |row| {
                 init(key, dst);
-                self.rows.write_new(row, key, dst, &[], score);
+                self.rows
+                    .write_new(row, key, dst, &[], score, Rounding::NearestEven);
             })?;
             if !inserted {
                 self.rows.read(row, dst);
@@ -1117,7 +1118,8 @@ impl Table {
                     return Ok(());
                 }
                 let (row, inserted) = writer.find_or_insert(key, hash, |row| {
-                    self.rows.write_new(row, key, delta, &[], score);
+                    self.rows
+                        .write_new(row, key, delta, &[], score, Rounding::NearestEven);
                 })?;
                 if inserted {
                     inserted_here.insert(key, row);
@@ -1244,7 +1246,14 @@ impl Table {
                     let written = written.as_slice();
                     let inserted;
                     (row, inserted) = writer.find_or_insert(key, hash, |new| {
-                        self.rows.write_new_step(new, key, values, written, score);
+                        self.rows.write_new(
+                            new,
+                            key,
+                            values,
+                            written,
+                            score,
+                            self.rows.format().rounding,
+                        );
                     })?;
                     if inserted {
                         return Ok(());
@@ -1321,7 +1330,8 @@ impl Table {
             }
             loop {
                 let (row, inserted) = writer.find_or_insert(key, hash, |row| {
-                    self.rows.write_new(row, key, src, slot_rows, score);
+                    self.rows
+                        .write_new(row, key, src, slot_rows, score, Rounding::NearestEven);
                 })?;
                 if inserted || self.rows.overwrite(row, src, slot_rows, score) {
                     return Ok(());

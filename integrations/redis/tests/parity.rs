@@ -19,6 +19,7 @@
 use dynemb::{EmbeddingStore, Initializer, Variable};
 use dynemb_optim::*;
 use dynemb_redis::{RedisConfig, RedisVariable};
+use dynemb_test_support::goldens::{self, floats, ids};
 use dynemb_test_support::servers::{unique_name, Cluster, Form, Server};
 use serde_json::Value;
 
@@ -52,33 +53,6 @@ fn read<S: EmbeddingStore<Key = i64>>(store: &S, keys: &[i64], slots: &[&str]) -
 }
 
 // ---------------------------------------------------------------- goldens
-
-fn goldens() -> Value {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../optim/tests/golden/goldens.json"
-    );
-    serde_json::from_slice(&std::fs::read(path).expect("goldens.json")).expect("valid JSON")
-}
-
-fn floats(v: &Value) -> Vec<f32> {
-    v.as_array()
-        .expect("an array")
-        .iter()
-        .flat_map(|x| match x {
-            Value::Array(_) => floats(x),
-            _ => vec![x.as_f64().expect("a number") as f32],
-        })
-        .collect()
-}
-
-fn ids(v: &Value) -> Vec<i64> {
-    v.as_array()
-        .expect("an array")
-        .iter()
-        .map(|x| x.as_i64().expect("an id"))
-        .collect()
-}
 
 /// One golden case on a local variable and on Redis, step by step.
 fn golden_case<R: Rule>(golden: &Value, case: &Value, config: &RedisConfig) {
@@ -138,7 +112,7 @@ fn every_optimizer_golden_trains_redis_as_a_local_variable() {
     let Some(cluster) = Cluster::start(3) else {
         return;
     };
-    let golden = goldens();
+    let golden = goldens::load();
     let cases = golden["cases"].as_array().unwrap();
     for (form, case) in Form::available()
         .into_iter()

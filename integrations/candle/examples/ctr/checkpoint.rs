@@ -208,29 +208,12 @@ pub struct RunConfig {
     pub min_count: u32,
     /// `--dtype`: the dtype of the checkpoint's values (absent from a
     /// manifest written before the flag: f32).
-    #[serde(default, with = "dtype_name")]
+    #[serde(default)]
     pub value_dtype: Dtype,
     /// `--slot-dtype`: the dtype of the checkpoint's Adam slots (absent:
     /// f32).
-    #[serde(default, with = "dtype_name")]
+    #[serde(default)]
     pub slot_dtype: Dtype,
-}
-
-/// A [`Dtype`] in a manifest: its name (`"f32"`, `"f16"`, `"bf16"`).
-mod dtype_name {
-    use dynemb::Dtype;
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    /// Writes `dtype`'s name.
-    pub fn serialize<S: Serializer>(dtype: &Dtype, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(dtype.name())
-    }
-
-    /// Reads a dtype's name; another string is an error.
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Dtype, D::Error> {
-        let name = String::deserialize(deserializer)?;
-        name.parse().map_err(serde::de::Error::custom)
-    }
 }
 
 /// The `--min-count` that admits every id at its first read.

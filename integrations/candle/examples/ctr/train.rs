@@ -174,27 +174,26 @@ impl Trainer {
     /// A fresh model: an empty local table and an MLP initialized from the
     /// seed.
     pub fn new(config: ModelConfig) -> Result<Self> {
-        let table = embedding_table(
+        let table = Self::local_table(&config)?;
+        Self::assemble(config, table, VarMap::new(), None)
+    }
+
+    /// The empty local table `config` describes.
+    fn local_table(config: &ModelConfig) -> dynemb::Result<Variable<i64>> {
+        embedding_table(
             config.dim,
             config.shards,
             config.seed,
             config.lifecycle,
             config.precision,
-        )?;
-        Self::assemble(config, table, VarMap::new(), None)
+        )
     }
 
     /// A model from a checkpoint written by [`Trainer::save`] (of a local
     /// or a Redis table), in fresh objects (a local table, MLP and sparse
     /// optimizer state).
     pub fn load(config: ModelConfig, dir: &Path) -> Result<Self> {
-        let table = embedding_table(
-            config.dim,
-            config.shards,
-            config.seed,
-            config.lifecycle,
-            config.precision,
-        )?;
+        let table = Self::local_table(&config)?;
         Self::resume(config, table, dir)
     }
 }
