@@ -28,6 +28,20 @@ const BUCKETS: u32 = 8;
 const COMMAND: Duration = Duration::from_secs(3);
 const FROZEN: Duration = Duration::from_millis(4500);
 
+/// Held by each test for its whole run, so the tests of this file run one
+/// at a time: a write must start waiting within the margins above of its
+/// server's freeze, which other tests' servers and threads starting and
+/// stopping on the same cores can delay past them.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// Takes [`ONE_AT_A_TIME`] (a test that failed while holding it does not
+/// stop the others).
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn config(server: &Server, form: Form) -> RedisConfig {
     form.config(RedisConfig {
         command_timeout: COMMAND,
@@ -74,11 +88,13 @@ fn scores(var: &RedisVariable<i64>, keys: &[i64]) -> Vec<u64> {
 
 #[test]
 fn a_resent_accum_upsert_or_insert_is_applied_once_by_the_module() {
+    let _serial = one_at_a_time();
     resent_accum_upsert_or_insert(Form::Module);
 }
 
 #[test]
 fn a_resent_accum_upsert_or_insert_is_applied_once_by_the_scripts() {
+    let _serial = one_at_a_time();
     resent_accum_upsert_or_insert(Form::Lua);
 }
 
@@ -253,11 +269,13 @@ fn rows_and_slots<S: EmbeddingStore<Key = i64>>(store: &S, keys: &[i64]) -> Vec<
 
 #[test]
 fn a_resent_adam_step_is_applied_once_by_the_module() {
+    let _serial = one_at_a_time();
     resent_adam_step(Form::Module);
 }
 
 #[test]
 fn a_resent_adam_step_is_applied_once_by_the_scripts() {
+    let _serial = one_at_a_time();
     resent_adam_step(Form::Lua);
 }
 
