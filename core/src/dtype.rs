@@ -99,6 +99,14 @@ impl Dtype {
         value.is_finite() && self.round(value).is_finite()
     }
 
+    /// Whether `value` may start a slot column of this dtype: it
+    /// [fits](Dtype::fits), and is 0 or stays nonzero rounded (1e-9 rounds
+    /// to 0 in f16, which would silently start an accumulator at 0 and
+    /// make Adagrad or FTRL divide by it).
+    pub fn fits_initial(self, value: f32) -> bool {
+        self.fits(value) && (value == 0.0 || self.round(value) != 0.0)
+    }
+
     /// The first element of `values` that is finite but does not
     /// [fit](Dtype::fits) the dtype (non-finite elements are not looked
     /// at: they are another error).

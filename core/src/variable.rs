@@ -598,7 +598,8 @@ impl<K: Key> Variable<K> {
     /// present included; or returns the existing slot of that name if it has
     /// an equal initial value once both are rounded to the slot dtype (`0.0`
     /// equals `-0.0`; [`Error::Mismatch`] otherwise; an initial value that
-    /// does not fit the slot dtype is an [`Error::OutOfRange`]). At most [`MAX_SLOTS`](crate::MAX_SLOTS) slots per
+    /// does not fit the slot dtype, or is not 0 but rounds to 0 in it, is an
+    /// [`Error::OutOfRange`]). At most [`MAX_SLOTS`](crate::MAX_SLOTS) slots per
     /// variable; a name is not empty and at most
     /// [`MAX_NAME_BYTES`](crate::MAX_NAME_BYTES) bytes long. An error
     /// creates nothing. [`Variable::create_slots`] creates several at once.
@@ -663,11 +664,15 @@ impl<K: Key> Variable<K> {
     /// [`checks::plan_slots`](crate::checks::plan_slots) against this
     /// variable's slot columns `names`.
     /// The initial values are rounded to the slot dtype first (one that does
-    /// not fit it is an [`Error::OutOfRange`]).
+    /// not [fit it as an initial value](Dtype::fits_initial) is an
+    /// [`Error::OutOfRange`]).
     fn plan_slots(&self, names: &[String], slots: &[(&str, f32)]) -> Result<Vec<Option<usize>>> {
         let dtype = self.slot_dtype();
         let initials: Vec<f32> = slots.iter().map(|&(_, initial)| initial).collect();
-        if let Some(index) = dtype.first_out_of_range(&initials) {
+        if let Some(index) = initials
+            .iter()
+            .position(|&v| v.is_finite() && !dtype.fits_initial(v))
+        {
             return Err(Error::OutOfRange {
                 what: "slot initial value",
                 index,

@@ -890,6 +890,86 @@ fn a_slot_initial_value_out_of_range_creates_nothing() {
 }
 
 #[test]
+fn a_slot_initial_value_that_rounds_to_zero_creates_nothing() {
+    let var = Variable::<i64>::builder("s")
+        .slot_dtype(Dtype::F16)
+        .build()
+        .unwrap();
+    assert_eq!(Dtype::F16.round(1e-9), 0.0);
+    for initial in [1e-9, -1e-9] {
+        let err = var.create_slot("acc", initial).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::OutOfRange {
+                    what: "slot initial value",
+                    index: 0,
+                    dtype: Dtype::F16,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+    let err = var.create_slots(&[("m", 0.0), ("acc", 1e-9)]).unwrap_err();
+    assert!(matches!(err, Error::OutOfRange { index: 1, .. }), "{err}");
+    assert!(var.check_create_slots(&[("acc", 1e-9)]).is_err());
+    assert!(var.slot_names().is_empty(), "no slot created");
+    // Zero of either sign, and a value that becomes an f16 subnormal, start
+    // slots.
+    let subnormal = 1e-6;
+    assert_ne!(Dtype::F16.round(subnormal), 0.0);
+    for (name, initial) in [("m", 0.0), ("n", -0.0), ("small", subnormal)] {
+        let id = var.create_slot(name, initial).unwrap();
+        assert_eq!(var.slot_initial(id).unwrap(), Dtype::F16.round(initial));
+    }
+    // bf16 has f32's range: the same value starts a slot there.
+    let var = Variable::<i64>::builder("s")
+        .slot_dtype(Dtype::Bf16)
+        .build()
+        .unwrap();
+    let id = var.create_slot("acc", 1e-9).unwrap();
+    assert_eq!(var.slot_initial(id).unwrap(), Dtype::Bf16.round(1e-9));
+}
+
+#[test]
+fn a_checkpoint_slot_initial_value_that_rounds_to_zero_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = Variable::<i64>::builder("emb").dim(2).build().unwrap();
+    src.create_slot("acc", 1e-9).unwrap();
+    src.upsert(&[1], &[0.5, 0.25]).unwrap();
+    src.save(dir.path()).unwrap();
+    let dst = Variable::<i64>::builder("emb")
+        .dim(2)
+        .slot_dtype(Dtype::F16)
+        .build()
+        .unwrap();
+    dst.upsert(&[7], &[1.0, 2.0]).unwrap();
+    let before = snapshot(&dst);
+    for load in [false, true] {
+        let err = if load {
+            dst.load(dir.path())
+        } else {
+            dst.restore(dir.path())
+        }
+        .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::OutOfRange {
+                    what: "checkpoint slot initial value",
+                    dtype: Dtype::F16,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(snapshot(&dst), before, "load {load}: nothing changed");
+        assert!(dst.slot_names().is_empty());
+    }
+}
+
+#[test]
 fn an_initializer_out_of_range_is_refused_at_build() {
     let build = |dtype: Dtype, init: Initializer| {
         Variable::<i64>::builder("b")

@@ -276,6 +276,50 @@ fn rounded_slot_initial_values_are_the_optimizers() {
     }
 }
 
+/// An accumulator's initial value that f16 stores as 0 would make Adagrad
+/// and FTRL divide by zero: the first step refuses it and changes nothing.
+#[test]
+fn an_accumulator_start_that_rounds_to_zero_is_refused() {
+    let storage = Storage {
+        values: Dtype::F32,
+        slots: Dtype::F16,
+        rounding: Rounding::NearestEven,
+    };
+    let adagrad = SparseAdagrad::new(ParamsAdagrad {
+        initial_accumulator_value: 1e-9,
+        ..Default::default()
+    })
+    .unwrap();
+    let ftrl = SparseFtrl::new(ParamsFtrl {
+        initial_accumulator_value: 1e-9,
+        ..Default::default()
+    })
+    .unwrap();
+    let adagrad = |var: &Variable<i64>| adagrad.apply(var, &[1], &[0.5; 4]);
+    let ftrl = |var: &Variable<i64>| ftrl.apply(var, &[1], &[0.5; 4]);
+    let steps: [&dyn Fn(&Variable<i64>) -> _; 2] = [&adagrad, &ftrl];
+    for step in steps {
+        let var = storage.variable(4, 1);
+        var.upsert(&[1], &[0.25; 4]).unwrap();
+        let err = step(&var).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::OutOfRange {
+                    what: "slot initial value",
+                    dtype: Dtype::F16,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(var.slot_names().is_empty(), "no slot created");
+        let mut row = [0.0; 4];
+        var.lookup(&[1], &mut row).unwrap();
+        assert_eq!(row, [0.25; 4], "the row is unchanged");
+    }
+}
+
 /// With a constant gradient much larger than `eps`, Adam moves a weight by
 /// about `lr` per step. With a gradient of 1e-4, `v` is `(1 - beta2^t)
 /// g^2`, 1e-11 after one step and 1e-9 after 100: f16 slots store it as 0,

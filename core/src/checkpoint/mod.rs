@@ -475,7 +475,7 @@ fn check_columns_fit<K: Key>(
     let mut new_slots = 0;
     let slot_dtype = variable.slot_dtype();
     for slot in &manifest.slots {
-        if !slot_dtype.fits(slot.initial) {
+        if !slot_dtype.fits_initial(slot.initial) {
             return Err(Error::OutOfRange {
                 what: "checkpoint slot initial value",
                 index: 0,
