@@ -94,7 +94,8 @@ impl TableOptions {
     /// initializer fits `dim` ([`Initializer::Values`] of the right length,
     /// finite parameters), a capacity holds at least one row per shard,
     /// admission's `min_count` is at least 1 (a sketch's at most
-    /// `u16::MAX`, its width and depth at least 1, depth at most 16), and
+    /// `u16::MAX` and at most its ageing period, [`SKETCH_AGEING_READS`](crate::lifecycle::SKETCH_AGEING_READS)
+    /// x `width`; its width and depth at least 1, depth at most 16), and
     /// the listener and decay have a capacity to act on (decay also needs
     /// [`RestrictPolicy::Frequency`]), and every row the initializer makes
     /// fits the value dtype ([`Initializer::max_magnitude`]). An
@@ -293,12 +294,15 @@ impl<K: Key> VariableBuilder<K> {
     /// Receives every row that leaves by capacity eviction, exactly once,
     /// in batches, before the call that evicted it returns: keys, values,
     /// each slot's rows and scores ([`Evicted`]). It runs on the thread of
-    /// that call, after the call's rows are written; it may read and write
+    /// that call, after the call's rows are written in every shard (a call
+    /// over several shards holds each shard's evicted rows until its last
+    /// shard is written); it may read and write
     /// other tables (a slower tier) and this one, but a write that evicts
     /// from within it calls it again. Rows removed otherwise (`remove`,
     /// `restrict`, `expire`, `clear`, and the clearing a `restore` starts
     /// with) do not come here. A panic in it propagates to the call that
-    /// evicted (its rows stay evicted). Needs a [`capacity`](Self::capacity).
+    /// evicted (its rows stay evicted), once every batch of evicted rows
+    /// the call held has been delivered. Needs a [`capacity`](Self::capacity).
     pub fn on_evict(mut self, f: impl Fn(Evicted<'_, K>) + Send + Sync + 'static) -> Self {
         self.options.on_evict = Some(EvictListener::new(f));
         self

@@ -58,6 +58,7 @@
 use crate::checkpoint;
 use crate::checks::{batch_len, check_fits, check_len, check_slot_list};
 use crate::lifecycle::admission::Admitter;
+use crate::lifecycle::delivery::HeldDeliveries;
 use crate::lifecycle::{EvictedRows, LifecycleStats, ShardListener, DEFAULT_PENDING_BOUND};
 use crate::raw::kernels::first_non_finite;
 use crate::raw::{ExportColumns, ExportedRows, Lifecycle, Positions, RowFormat, Table};
@@ -376,6 +377,8 @@ impl<K: Key> Variable<K> {
         match split {
             Split::One(bits) => op(&self.inner.shards[0], &bits, Positions::Dense),
             Split::Many(parts) => {
+                // Evicted rows reach the listener once every shard is written.
+                let _held = HeldDeliveries::begin();
                 for (table, (bits, at)) in self.inner.shards.iter().zip(&parts) {
                     if !bits.is_empty() {
                         op(table, bits, Positions::At(at))?;

@@ -110,6 +110,11 @@ fn bad_lifecycle_settings_are_errors_never_panics() {
             b().admission(sketch(65_536, 16, 4)),
             "min_count",
         ),
+        (
+            "sketch min_count past its ageing period",
+            b().admission(sketch(250, 10, 4)),
+            "could never reach it",
+        ),
         ("sketch width 0", b().admission(sketch(2, 0, 4)), "width"),
         ("sketch depth 0", b().admission(sketch(2, 16, 0)), "depth"),
         ("sketch depth 17", b().admission(sketch(2, 16, 17)), "depth"),
@@ -280,6 +285,79 @@ fn a_panicking_listener_propagates_and_loses_no_row() {
     for k in all {
         assert_ne!(exported.contains(&k), seen.contains_key(&k), "key {k}");
     }
+}
+
+/// A call that writes several shards hands their evictions to the
+/// listener once every shard is written: the listener sees all of the
+/// call's rows, and one that panics cannot keep later shards unwritten.
+#[test]
+fn a_listener_runs_after_every_shard_of_the_call_is_written() {
+    let capacity = 4;
+    let call: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let missing: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let delivered = Arc::new(AtomicUsize::new(0));
+    let explode = Arc::new(AtomicBool::new(false));
+    let var = Arc::new(std::sync::OnceLock::<Variable<u64>>::new());
+    let listener = {
+        let (call, missing, delivered, explode, var) = (
+            Arc::clone(&call),
+            Arc::clone(&missing),
+            Arc::clone(&delivered),
+            Arc::clone(&explode),
+            Arc::clone(&var),
+        );
+        move |batch: Evicted<'_, u64>| {
+            delivered.fetch_add(batch.keys().len(), Ordering::Relaxed);
+            let var = var.get().expect("built before any write");
+            let keys = call.lock().unwrap().clone();
+            let there = dynemb_test_support::present(var, &keys);
+            missing
+                .lock()
+                .unwrap()
+                .extend(keys.iter().zip(there).filter(|(_, p)| !p).map(|(k, _)| *k));
+            if explode.load(Ordering::Relaxed) {
+                panic!("listener failed");
+            }
+        }
+    };
+    var.set(
+        Variable::<u64>::builder("t")
+            .dim(2)
+            .shards(2)
+            .capacity(capacity)
+            .on_evict(listener)
+            .build()
+            .unwrap(),
+    )
+    .ok()
+    .unwrap();
+    let var = var.get().unwrap();
+    let write = |keys: &[u64]| {
+        *call.lock().unwrap() = keys.to_vec();
+        let rows: Vec<f32> = keys.iter().flat_map(|&k| [k as f32, 1.0]).collect();
+        var.upsert(keys, &rows)
+    };
+    write(&[0, 1, 2, 3]).unwrap();
+    // Keys of both shards, each shard evicting.
+    write(&[10, 11, 12, 13]).unwrap();
+    assert_eq!(delivered.load(Ordering::Relaxed), 4);
+    assert!(missing.lock().unwrap().is_empty(), "{missing:?}");
+    explode.store(true, Ordering::Relaxed);
+    let result = catch_unwind(AssertUnwindSafe(|| write(&[20, 21, 22, 23])));
+    assert!(result.is_err(), "the listener's panic reaches the caller");
+    assert!(missing.lock().unwrap().is_empty(), "{missing:?}");
+    assert_eq!(
+        dynemb_test_support::present(var, &[20, 21, 22, 23]),
+        [true; 4],
+        "every shard written"
+    );
+    assert_eq!(
+        delivered.load(Ordering::Relaxed),
+        8,
+        "both shards' evictions"
+    );
+    assert_eq!(var.lifecycle_stats().evicted, 8);
+    assert_eq!(var.size(), capacity);
 }
 
 #[test]

@@ -19,7 +19,9 @@
 //!   once would otherwise count as one. Counters shared with other keys are
 //!   only ever raised by an atomic maximum, except when the sketch ages:
 //!   every [`SKETCH_AGEING_READS`] x `width` counted reads, one thread
-//!   halves every counter while the others keep counting.
+//!   halves every counter while the others keep counting. Reads are added
+//!   to the period once per call (at its end), so the call that completes
+//!   a period ages the sketch when it is done.
 //!
 //! The sketch's hash is part of the checkpoint format (see
 //! [`checkpoint`](crate::checkpoint)): row `i`'s counter of key `k` (its
@@ -378,14 +380,17 @@ impl SketchCounts {
             }
             raised
         };
-        self.tick();
         u32::from(estimate) >= self.min_count
     }
 
-    /// Notes one counted read; the read that completes an ageing period
-    /// halves every counter (unless another thread is already at it).
-    fn tick(&self) {
-        let reads = self.reads.fetch_add(1, Ordering::Relaxed).saturating_add(1);
+    /// Notes `n` counted reads (a call's, once it has counted them); the
+    /// call that completes an ageing period halves every counter, once per
+    /// period completed (unless another thread is already at it).
+    fn note_reads(&self, n: u64) {
+        if n == 0 || self.min_count <= 1 {
+            return;
+        }
+        let reads = self.reads.fetch_add(n, Ordering::Relaxed).saturating_add(n);
         if reads < self.ageing_reads
             || self
                 .ageing
@@ -394,9 +399,13 @@ impl SketchCounts {
         {
             return;
         }
-        if self.reads.load(Ordering::Relaxed) >= self.ageing_reads {
+        let period = self.ageing_reads;
+        // Sixteen halvings empty every 16-bit counter.
+        for _ in 0..16 {
+            if self.reads.load(Ordering::Relaxed) < period {
+                break;
+            }
             self.halve();
-            let period = self.ageing_reads;
             let _ = self
                 .reads
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| {
@@ -492,7 +501,8 @@ impl Admitter {
 
     /// Checks that `admission` is a rule counters can follow (as the
     /// builder does): `min_count` at least 1 (a sketch's at most
-    /// `u16::MAX`), a sketch at least 1 wide, 1 to [`MAX_SKETCH_DEPTH`]
+    /// `u16::MAX` and at most its ageing period, [`SKETCH_AGEING_READS`] x
+    /// `width`), a sketch at least 1 wide, 1 to [`MAX_SKETCH_DEPTH`]
     /// deep and of at most [`MAX_SKETCH_COUNTERS`] counters.
     pub(crate) fn check_rule(admission: Admission) -> Result<()> {
         let refuse = |what: String| Err(Error::InvalidArgument(what));
@@ -522,6 +532,14 @@ impl Admitter {
             {
                 return refuse(format!("sketch of {width} x {depth} counters is too large"));
             }
+            let period = (SKETCH_AGEING_READS as u64).saturating_mul(width as u64);
+            if u64::from(min_count) > period {
+                return refuse(format!(
+                    "sketch admission min_count {min_count} is more than the {period} counted \
+                     reads between two agings of a sketch {width} wide ({SKETCH_AGEING_READS} x \
+                     width): a key could never reach it"
+                ));
+            }
         }
         Ok(())
     }
@@ -532,11 +550,23 @@ impl Admitter {
     }
 
     /// Counts one training read of `key`, which is not in the table; true
-    /// if this read admits it.
+    /// if this read admits it. The caller notes the reads it counted with
+    /// [`Admitter::note_reads`] once it is done (a sketch ages by them).
     pub(crate) fn count(&self, key: u64) -> bool {
         match &self.counts {
             Counts::Exact(exact) => exact.count(key),
             Counts::Sketch(sketch) => sketch.count(key),
+        }
+    }
+
+    /// Notes that a call counted `n` reads: a sketch halves its counters
+    /// when an ageing period completes. Noted once per call rather than per
+    /// read, so that threads counting at once do not contend on one
+    /// counter for every read; a sketch therefore ages at the end of the
+    /// call that completes a period.
+    pub(crate) fn note_reads(&self, n: u64) {
+        if let Counts::Sketch(sketch) = &self.counts {
+            sketch.note_reads(n);
         }
     }
 
@@ -686,6 +716,19 @@ impl fmt::Debug for Admitter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One training read, counted and noted, as a call of one key does.
+    trait ReadOne {
+        fn read(&self, key: u64) -> bool;
+    }
+
+    impl ReadOne for Admitter {
+        fn read(&self, key: u64) -> bool {
+            let admitted = self.count(key);
+            self.note_reads(1);
+            admitted
+        }
+    }
     use rand::{Rng, SeedableRng};
     use rand_pcg::Pcg64Mcg;
     use std::collections::HashMap;
@@ -732,17 +775,17 @@ mod tests {
     #[test]
     fn exact_admits_at_exactly_the_min_count() {
         let a = exact(3, 1000);
-        assert!(!a.count(7));
-        assert!(!a.count(8));
-        assert!(!a.count(7));
+        assert!(!a.read(7));
+        assert!(!a.read(8));
+        assert!(!a.read(7));
         assert_eq!(a.estimate(8), 1, "other keys' counts are their own");
-        assert!(a.count(7), "the third read admits");
+        assert!(a.read(7), "the third read admits");
         assert_eq!(a.estimate(7), 0, "an admitted key's count is dropped");
         assert!(!a.admits(7) && !a.admits(8));
-        assert!(!a.count(8));
-        assert!(a.count(8));
+        assert!(!a.read(8));
+        assert!(a.read(8));
         // A key evicted later counts from zero again.
-        assert!(!a.count(7));
+        assert!(!a.read(7));
         assert_eq!(pending(&a), 1);
     }
 
@@ -751,7 +794,7 @@ mod tests {
         let a = exact(1, 10);
         for key in 0..100 {
             assert!(a.admits(key));
-            assert!(a.count(key));
+            assert!(a.read(key));
         }
         assert_eq!(pending(&a), 0);
     }
@@ -762,10 +805,10 @@ mod tests {
         let a = exact(10, 128);
         let keys = same_stripe(&a, 5);
         for _ in 0..3 {
-            a.count(keys[0]);
+            a.read(keys[0]);
         }
-        a.count(keys[1]);
-        a.count(keys[2]); // full: drops keys[1] (the lowest count)
+        a.read(keys[1]);
+        a.read(keys[2]); // full: drops keys[1] (the lowest count)
         assert_eq!(
             [
                 a.estimate(keys[0]),
@@ -774,9 +817,9 @@ mod tests {
             ],
             [3, 0, 1]
         );
-        a.count(keys[3]); // drops keys[2]
-        a.count(keys[3]);
-        a.count(keys[4]); // drops keys[3], whose 2 is the lowest count
+        a.read(keys[3]); // drops keys[2]
+        a.read(keys[3]);
+        a.read(keys[4]); // drops keys[3], whose 2 is the lowest count
         assert_eq!(
             [
                 a.estimate(keys[0]),
@@ -790,12 +833,12 @@ mod tests {
         // Every entry at the lowest count goes together.
         let a = exact(10, 64 * 4);
         let keys = same_stripe(&a, 5);
-        a.count(keys[0]);
-        a.count(keys[0]);
+        a.read(keys[0]);
+        a.read(keys[0]);
         for &k in &keys[1..4] {
-            a.count(k);
+            a.read(k);
         }
-        a.count(keys[4]);
+        a.read(keys[4]);
         assert_eq!(a.estimate(keys[0]), 2);
         assert!(keys[1..4].iter().all(|&k| a.estimate(k) == 0));
         assert_eq!(a.estimate(keys[4]), 1);
@@ -807,7 +850,7 @@ mod tests {
             let a = exact(4, bound);
             let mut rng = Pcg64Mcg::seed_from_u64(bound as u64);
             for i in 0..20_000 {
-                a.count(rng.random_range(0..5_000));
+                a.read(rng.random_range(0..5_000));
                 if i % 1000 == 0 {
                     assert!(pending(&a) <= bound, "bound {bound}");
                 }
@@ -821,14 +864,14 @@ mod tests {
         let a = exact(5, 1000);
         for (key, reads) in [(1, 1), (2, 4), (3, 2)] {
             for _ in 0..reads {
-                a.count(key);
+                a.read(key);
             }
         }
         let state = a.state();
         let b = exact(5, 1000);
         b.set_state(state.clone()).unwrap();
         assert_eq!([b.estimate(1), b.estimate(2), b.estimate(3)], [1, 4, 2]);
-        assert!(b.count(2), "the fifth read admits, as before the restore");
+        assert!(b.read(2), "the fifth read admits, as before the restore");
 
         // Counts at or past min_count admit at the next read; zero counts
         // are skipped; a repeated key keeps its largest count.
@@ -916,7 +959,7 @@ mod tests {
                 continue;
             }
             seen[k] += 1;
-            if a.count(key) {
+            if a.read(key) {
                 admitted[k] = Some(seen[k]);
             }
         }
@@ -968,26 +1011,57 @@ mod tests {
         let max = u32::from(u16::MAX);
         let a = sketch(max, 1 << 13, 2);
         for read in 1..max {
-            assert!(!a.count(9), "read {read}");
+            assert!(!a.read(9), "read {read}");
         }
-        assert!(a.count(9), "admitted at its u16::MAX-th read");
+        assert!(a.read(9), "admitted at its u16::MAX-th read");
         for _ in 0..100 {
-            assert!(a.count(9));
+            assert!(a.read(9));
         }
         assert_eq!(a.estimate(9), max, "saturated, not wrapped");
         assert!(a.admits(9));
     }
 
     #[test]
+    fn a_sketch_min_count_beyond_its_ageing_period_is_refused() {
+        let rule = |min_count, width| Admission::Sketch {
+            min_count,
+            width,
+            depth: 4,
+        };
+        let period = SKETCH_AGEING_READS as u32 * 25;
+        assert!(Admitter::check_rule(rule(period, 25)).is_ok());
+        let err = Admitter::check_rule(rule(period + 1, 25)).unwrap_err();
+        assert!(err.to_string().contains("could never reach it"), "{err}");
+        assert!(Admitter::new(rule(250, 10), 0).is_err());
+    }
+
+    #[test]
+    fn a_call_of_several_periods_halves_once_per_period() {
+        let width = 16;
+        let period = (SKETCH_AGEING_READS * width) as u64;
+        let a = sketch(2, width, 2);
+        for _ in 0..3 {
+            a.count(5);
+        }
+        assert_eq!(a.estimate(5), 3, "not aged before the call notes its reads");
+        a.note_reads(2 * period + 7);
+        assert_eq!(a.estimate(5), 0, "3 halved twice");
+        let AdmissionState::Sketch { reads, .. } = a.state() else {
+            unreachable!()
+        };
+        assert_eq!(reads, 7, "the reads past the two periods");
+    }
+
+    #[test]
     fn the_sketch_halves_after_its_ageing_period() {
         let width = 16;
         let period = (SKETCH_AGEING_READS * width) as u32;
-        let a = sketch(1000, width, 2);
+        let a = sketch(period, width, 2);
         for _ in 0..period - 1 {
-            a.count(5);
+            a.read(5);
         }
         assert_eq!(a.estimate(5), period - 1);
-        a.count(5);
+        a.read(5);
         assert_eq!(
             a.estimate(5),
             period / 2,
@@ -1007,12 +1081,12 @@ mod tests {
     fn sketch_admits_only_keys_that_reached_min_count() {
         let a = sketch(2, 1 << 10, 3);
         assert!(!a.admits(1));
-        assert!(!a.count(1));
+        assert!(!a.read(1));
         assert!(!a.admits(1));
-        assert!(a.count(1));
+        assert!(a.read(1));
         assert!(a.admits(1), "the sketch remembers the key");
         let one = sketch(1, 4, 1);
-        assert!(one.count(3) && one.admits(4));
+        assert!(one.read(3) && one.admits(4));
         assert!(matches!(
             one.state(),
             AdmissionState::Sketch { reads: 0, .. }
@@ -1024,7 +1098,7 @@ mod tests {
         let a = sketch(4, 64, 2);
         for key in 0..20 {
             for _ in 0..key % 4 {
-                a.count(key);
+                a.read(key);
             }
         }
         let state = a.state();
@@ -1178,7 +1252,7 @@ mod tests {
                         for round in 0..PER_THREAD {
                             for i in 0..KEYS {
                                 let key = (i + u64::from(round) * 7 + t) % KEYS;
-                                if a.count(key) {
+                                if a.read(key) {
                                     *admitted.entry(key).or_insert(0_u32) += 1;
                                 }
                             }

@@ -20,6 +20,7 @@
 //! [`LifecycleStats`] counts what these did, for progress lines.
 
 pub(crate) mod admission;
+pub(crate) mod delivery;
 
 use std::fmt;
 use std::sync::Arc;
@@ -52,7 +53,10 @@ pub enum Admission {
     /// is halved, so "never late" holds between two agings and keys seen
     /// long ago fade. The sketch remembers an evicted key's count, so such
     /// a key may be admitted again at once. `min_count` is at most
-    /// `u16::MAX`. Size `width` to the distinct keys the stream brings
+    /// `u16::MAX`, and at most the ageing period ([`SKETCH_AGEING_READS`]
+    /// x `width`), so that a key read `min_count` times between two agings
+    /// is admitted: a larger one could never be reached, and is an error
+    /// at build. Size `width` to the distinct keys the stream brings
     /// between two agings: at depth 4, a width of 1.3 times that count
     /// keeps early admissions near 1% (a width of a third of it admits a
     /// third of the keys early; see the admission tests).

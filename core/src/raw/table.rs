@@ -24,7 +24,7 @@ use super::pipeline::Access;
 use super::rows::{Ranks, RowCache, RowFormat, RowStore, Score, Unlink, MAX_ROWS, MAX_SLOTS};
 use super::sync::Spin;
 use crate::lifecycle::admission::Admitter;
-use crate::lifecycle::{EvictedRows, ShardListener};
+use crate::lifecycle::{delivery, EvictedRows, ShardListener};
 use crate::restrict::next_timestamp;
 use crate::{Error, RestrictPolicy, Result, Rounding};
 use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
@@ -224,6 +224,8 @@ struct Writer<'t, 'g> {
     retired: Vec<u64>,
     /// Training reads of keys not admitted.
     not_admitted: u64,
+    /// Training reads counted by the admitter, noted to it at the end.
+    counted: u64,
     /// Rows picked for eviction, `(rank, row)`, and how many of them were
     /// taken; those left go back to the pool at the batch's end.
     victims: Vec<(u64, u64)>,
@@ -249,6 +251,7 @@ impl<'t, 'g> Writer<'t, 'g> {
             evicted: EvictedRows::default(),
             retired: Vec::new(),
             not_admitted: 0,
+            counted: 0,
             victims: Vec::new(),
             next_victim: 0,
             keys_left: 1,
@@ -456,6 +459,9 @@ impl Drop for Writer<'_, '_> {
         self.table
             .not_admitted
             .fetch_add(self.not_admitted, Ordering::Relaxed);
+        if let Some(admitter) = &self.table.admitter {
+            admitter.note_reads(self.counted);
+        }
         if !self.retired.is_empty() {
             // Evicted rows return to the free pool as soon as the epoch
             // allows, so inserts reuse them instead of growing the arena.
@@ -469,7 +475,7 @@ impl Drop for Writer<'_, '_> {
             // to the listener itself, outside the batch's pin.
             let rows = std::mem::take(&mut self.evicted);
             let table = self.table;
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| table.deliver(&rows)));
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| table.deliver(rows)));
         }
     }
 }
@@ -589,10 +595,12 @@ impl Table {
         self.not_admitted.load(Ordering::Relaxed)
     }
 
-    /// Hands a batch's evicted rows to the listener.
-    fn deliver(&self, rows: &EvictedRows) {
+    /// Hands a batch's evicted rows to the listener (held until the
+    /// variable's call has written every shard, see
+    /// [`delivery`](crate::lifecycle::delivery)).
+    fn deliver(&self, rows: EvictedRows) {
         if let Some(listener) = &self.listener {
-            listener(rows);
+            delivery::deliver(listener, rows);
         }
     }
 
@@ -1022,6 +1030,7 @@ impl Table {
                     self.rows.read(row, dst);
                     return Ok(());
                 }
+                writer.counted += 1;
                 if !admitter.count(key) {
                     init(key, dst);
                     writer.not_admitted += 1;
@@ -1379,7 +1388,7 @@ impl Table {
             self.epoch.reclaim();
         }
         if !evicted.is_empty() {
-            self.deliver(&evicted);
+            self.deliver(evicted);
         }
         result
     }
