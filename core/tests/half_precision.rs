@@ -854,49 +854,16 @@ fn an_update_out_of_range_refuses_that_row_for_values_and_for_slots() {
     }
 }
 
+/// Out of range (1e5, -7e4) or a nonzero value that rounds to 0 (1e-9):
+/// refused in f16 slots, nothing created.
 #[test]
-fn a_slot_initial_value_out_of_range_creates_nothing() {
-    let var = Variable::<i64>::builder("s")
-        .slot_dtype(Dtype::F16)
-        .build()
-        .unwrap();
-    let err = var.create_slot("acc", 1e5).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::OutOfRange {
-                what: "slot initial value",
-                index: 0,
-                dtype: Dtype::F16,
-                ..
-            }
-        ),
-        "{err}"
-    );
-    let err = var.create_slots(&[("m", 0.0), ("v", -7e4)]).unwrap_err();
-    assert!(matches!(err, Error::OutOfRange { index: 1, .. }), "{err}");
-    assert!(var.check_create_slots(&[("v", 7e4)]).is_err());
-    assert!(var.slot_names().is_empty(), "no slot created");
-    // In bf16 the same value fits, rounded.
-    let var = Variable::<i64>::builder("s")
-        .slot_dtype(Dtype::Bf16)
-        .build()
-        .unwrap();
-    let id = var.create_slot("acc", 1e5).unwrap();
-    assert_eq!(var.slot_initial(id).unwrap(), Dtype::Bf16.round(1e5));
-    assert_ne!(Dtype::Bf16.round(1e5), 1e5);
-    // Asking again with the unrounded value finds the same slot.
-    assert_eq!(var.create_slot("acc", 1e5).unwrap(), id);
-}
-
-#[test]
-fn a_slot_initial_value_that_rounds_to_zero_creates_nothing() {
+fn a_slot_initial_value_that_does_not_fit_creates_nothing() {
     let var = Variable::<i64>::builder("s")
         .slot_dtype(Dtype::F16)
         .build()
         .unwrap();
     assert_eq!(Dtype::F16.round(1e-9), 0.0);
-    for initial in [1e-9, -1e-9] {
+    for initial in [1e5, 1e-9, -1e-9] {
         let err = var.create_slot("acc", initial).unwrap_err();
         assert!(
             matches!(
@@ -908,12 +875,14 @@ fn a_slot_initial_value_that_rounds_to_zero_creates_nothing() {
                     ..
                 }
             ),
-            "{err}"
+            "{initial}: {err}"
         );
     }
-    let err = var.create_slots(&[("m", 0.0), ("acc", 1e-9)]).unwrap_err();
-    assert!(matches!(err, Error::OutOfRange { index: 1, .. }), "{err}");
-    assert!(var.check_create_slots(&[("acc", 1e-9)]).is_err());
+    for bad in [-7e4, 1e-9] {
+        let err = var.create_slots(&[("m", 0.0), ("v", bad)]).unwrap_err();
+        assert!(matches!(err, Error::OutOfRange { index: 1, .. }), "{err}");
+        assert!(var.check_create_slots(&[("v", bad)]).is_err());
+    }
     assert!(var.slot_names().is_empty(), "no slot created");
     // Zero of either sign, and a value that becomes an f16 subnormal, start
     // slots.
@@ -923,13 +892,18 @@ fn a_slot_initial_value_that_rounds_to_zero_creates_nothing() {
         let id = var.create_slot(name, initial).unwrap();
         assert_eq!(var.slot_initial(id).unwrap(), Dtype::F16.round(initial));
     }
-    // bf16 has f32's range: the same value starts a slot there.
+    // bf16 has f32's range: both values start slots there, rounded.
     let var = Variable::<i64>::builder("s")
         .slot_dtype(Dtype::Bf16)
         .build()
         .unwrap();
-    let id = var.create_slot("acc", 1e-9).unwrap();
-    assert_eq!(var.slot_initial(id).unwrap(), Dtype::Bf16.round(1e-9));
+    let id = var.create_slot("acc", 1e5).unwrap();
+    assert_eq!(var.slot_initial(id).unwrap(), Dtype::Bf16.round(1e5));
+    assert_ne!(Dtype::Bf16.round(1e5), 1e5);
+    // Asking again with the unrounded value finds the same slot.
+    assert_eq!(var.create_slot("acc", 1e5).unwrap(), id);
+    let tiny = var.create_slot("tiny", 1e-9).unwrap();
+    assert_eq!(var.slot_initial(tiny).unwrap(), Dtype::Bf16.round(1e-9));
 }
 
 #[test]
