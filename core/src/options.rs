@@ -296,7 +296,9 @@ impl<K: Key> VariableBuilder<K> {
     /// each slot's rows and scores ([`Evicted`]). It runs on the thread of
     /// that call, after the call's rows are written in every shard (a call
     /// over several shards holds each shard's evicted rows until its last
-    /// shard is written); it may read and write
+    /// shard is written; a `restore` or `load` delivers after each chunk of
+    /// rows it writes, so a listener's panic stops it part-way); it may
+    /// read and write
     /// other tables (a slower tier) and this one, but a write that evicts
     /// from within it calls it again. Rows removed otherwise (`remove`,
     /// `restrict`, `expire`, `clear`, and the clearing a `restore` starts

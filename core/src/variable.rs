@@ -374,19 +374,20 @@ impl<K: Key> Variable<K> {
         split: Split,
         mut op: impl FnMut(&Table, &[u64], Positions<'_>) -> Result<()>,
     ) -> Result<()> {
-        match split {
+        // Evicted rows reach the listener once every shard is written.
+        let held = HeldDeliveries::begin();
+        let result = match split {
             Split::One(bits) => op(&self.inner.shards[0], &bits, Positions::Dense),
-            Split::Many(parts) => {
-                // Evicted rows reach the listener once every shard is written.
-                let _held = HeldDeliveries::begin();
-                for (table, (bits, at)) in self.inner.shards.iter().zip(&parts) {
-                    if !bits.is_empty() {
-                        op(table, bits, Positions::At(at))?;
-                    }
-                }
-                Ok(())
-            }
-        }
+            Split::Many(parts) => self
+                .inner
+                .shards
+                .iter()
+                .zip(&parts)
+                .filter(|(_, (bits, _))| !bits.is_empty())
+                .try_for_each(|(table, (bits, at))| op(table, bits, Positions::At(at))),
+        };
+        held.finish();
+        result
     }
 
     /// Copies the rows of `keys` into `out` (`keys.len() * dim` values).

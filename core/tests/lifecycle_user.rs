@@ -113,7 +113,7 @@ fn bad_lifecycle_settings_are_errors_never_panics() {
         (
             "sketch min_count past its ageing period",
             b().admission(sketch(250, 10, 4)),
-            "could never reach it",
+            "widen the sketch",
         ),
         ("sketch width 0", b().admission(sketch(2, 0, 4)), "width"),
         ("sketch depth 0", b().admission(sketch(2, 16, 0)), "depth"),
@@ -358,6 +358,42 @@ fn a_listener_runs_after_every_shard_of_the_call_is_written() {
     );
     assert_eq!(var.lifecycle_stats().evicted, 8);
     assert_eq!(var.size(), capacity);
+}
+
+/// A call made inside another (from an `update_rows` closure of a
+/// two-shard variable) delivers its own evictions before it returns, even
+/// on a variable of one shard.
+#[test]
+fn a_nested_call_delivers_its_evictions_before_it_returns() {
+    let seen = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&seen);
+    let inner = Variable::<u64>::builder("inner")
+        .capacity(1)
+        .on_evict(move |batch: Evicted<'_, u64>| {
+            counter.fetch_add(batch.keys().len(), Ordering::Relaxed);
+        })
+        .build()
+        .unwrap();
+    inner.upsert(&[1], &[1.0]).unwrap();
+    let outer = Variable::<u64>::builder("outer")
+        .shards(2)
+        .capacity(2)
+        .on_evict(|_: Evicted<'_, u64>| {})
+        .build()
+        .unwrap();
+    let mut seen_inside = Vec::new();
+    outer
+        .update_rows(&[10, 11], &[], |i, row, _| {
+            row[0] = i as f32;
+            inner.upsert(&[100 + i as u64], &[2.0]).unwrap();
+            seen_inside.push(seen.load(Ordering::Relaxed));
+        })
+        .unwrap();
+    assert_eq!(
+        seen_inside,
+        [1, 2],
+        "each inner upsert delivered before returning"
+    );
 }
 
 #[test]

@@ -20,8 +20,8 @@
 //!   only ever raised by an atomic maximum, except when the sketch ages:
 //!   every [`SKETCH_AGEING_READS`] x `width` counted reads, one thread
 //!   halves every counter while the others keep counting. Reads are added
-//!   to the period once per call (at its end), so the call that completes
-//!   a period ages the sketch when it is done.
+//!   to the period once per shard batch (at its end), so the batch that
+//!   completes a period ages the sketch when it is done.
 //!
 //! The sketch's hash is part of the checkpoint format (see
 //! [`checkpoint`](crate::checkpoint)): row `i`'s counter of key `k` (its
@@ -383,9 +383,11 @@ impl SketchCounts {
         u32::from(estimate) >= self.min_count
     }
 
-    /// Notes `n` counted reads (a call's, once it has counted them); the
-    /// call that completes an ageing period halves every counter, once per
-    /// period completed (unless another thread is already at it).
+    /// Notes `n` counted reads (a shard batch's, once it has counted them);
+    /// the batch that completes an ageing period halves every counter, once
+    /// per period completed (at most sixteen times, which empties them; the
+    /// reads past the last period are kept), unless another thread is
+    /// already at it.
     fn note_reads(&self, n: u64) {
         if n == 0 || self.min_count <= 1 {
             return;
@@ -400,18 +402,16 @@ impl SketchCounts {
             return;
         }
         let period = self.ageing_reads;
+        let periods = self.reads.load(Ordering::Relaxed) / period;
         // Sixteen halvings empty every 16-bit counter.
-        for _ in 0..16 {
-            if self.reads.load(Ordering::Relaxed) < period {
-                break;
-            }
+        for _ in 0..periods.min(16) {
             self.halve();
-            let _ = self
-                .reads
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| {
-                    Some(r.saturating_sub(period))
-                });
         }
+        let _ = self
+            .reads
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| {
+                Some(r.saturating_sub(periods * period))
+            });
         self.ageing.store(false, Ordering::Release);
     }
 
@@ -537,7 +537,8 @@ impl Admitter {
                 return refuse(format!(
                     "sketch admission min_count {min_count} is more than the {period} counted \
                      reads between two agings of a sketch {width} wide ({SKETCH_AGEING_READS} x \
-                     width): a key could never reach it"
+                     width): the sketch would halve a key's count before it could reach \
+                     min_count unless the key made most of the reads; widen the sketch"
                 ));
             }
         }
@@ -559,11 +560,11 @@ impl Admitter {
         }
     }
 
-    /// Notes that a call counted `n` reads: a sketch halves its counters
-    /// when an ageing period completes. Noted once per call rather than per
-    /// read, so that threads counting at once do not contend on one
-    /// counter for every read; a sketch therefore ages at the end of the
-    /// call that completes a period.
+    /// Notes that a shard batch counted `n` reads: a sketch halves its
+    /// counters when an ageing period completes. Noted once per batch
+    /// rather than per read, so that threads counting at once do not
+    /// contend on one counter for every read; a sketch therefore ages at
+    /// the end of the batch that completes a period.
     pub(crate) fn note_reads(&self, n: u64) {
         if let Counts::Sketch(sketch) = &self.counts {
             sketch.note_reads(n);
@@ -1031,7 +1032,7 @@ mod tests {
         let period = SKETCH_AGEING_READS as u32 * 25;
         assert!(Admitter::check_rule(rule(period, 25)).is_ok());
         let err = Admitter::check_rule(rule(period + 1, 25)).unwrap_err();
-        assert!(err.to_string().contains("could never reach it"), "{err}");
+        assert!(err.to_string().contains("widen the sketch"), "{err}");
         assert!(Admitter::new(rule(250, 10), 0).is_err());
     }
 
@@ -1050,6 +1051,16 @@ mod tests {
             unreachable!()
         };
         assert_eq!(reads, 7, "the reads past the two periods");
+        // Past sixteen periods every counter is 0 already; only the
+        // remainder is carried, so the next read does not age again.
+        a.note_reads(40 * period);
+        a.read(5);
+        a.read(5);
+        assert_eq!(a.estimate(5), 2, "counted after the long call");
+        let AdmissionState::Sketch { reads, .. } = a.state() else {
+            unreachable!()
+        };
+        assert_eq!(reads, 9);
     }
 
     #[test]

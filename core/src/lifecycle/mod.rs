@@ -54,9 +54,12 @@ pub enum Admission {
     /// long ago fade. The sketch remembers an evicted key's count, so such
     /// a key may be admitted again at once. `min_count` is at most
     /// `u16::MAX`, and at most the ageing period ([`SKETCH_AGEING_READS`]
-    /// x `width`), so that a key read `min_count` times between two agings
-    /// is admitted: a larger one could never be reached, and is an error
-    /// at build. Size `width` to the distinct keys the stream brings
+    /// x `width`), an error at build otherwise: "never late" is a promise
+    /// about a key read `min_count` times between two agings, and past the
+    /// period ageing would halve a key's count before it got there unless
+    /// the key made most of the reads (beyond about twice the period, not
+    /// even then). Ageing happens at the end of the shard batch (the part
+    /// of a call one shard runs) that completes a period. Size `width` to the distinct keys the stream brings
     /// between two agings: at depth 4, a width of 1.3 times that count
     /// keeps early admissions near 1% (a width of a third of it admits a
     /// third of the keys early; see the admission tests).
