@@ -34,6 +34,7 @@ use super::{Admission, SKETCH_AGEING_READS};
 use crate::raw::kernels::prefetch;
 use crate::{Error, Result};
 use crossbeam_utils::CachePadded;
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
@@ -253,10 +254,11 @@ impl ExactCounts {
             return true;
         }
         let mut stripe = self.stripe(key);
-        if let Some(count) = stripe.counts.get_mut(&key) {
+        if let Entry::Occupied(mut entry) = stripe.counts.entry(key) {
+            let count = entry.get_mut();
             *count = count.saturating_add(1);
             if *count >= self.min_count {
-                stripe.counts.remove(&key);
+                entry.remove();
                 return true;
             }
             return false;
@@ -732,7 +734,8 @@ mod tests {
     }
     use rand::{Rng, SeedableRng};
     use rand_pcg::Pcg64Mcg;
-    use std::collections::HashMap;
+    use std::collections::hash_map::Entry;
+use std::collections::HashMap;
     use std::sync::Arc;
 
     /// Columns of key 42 in rows 0 to 3 of a sketch 2^16 wide.
