@@ -734,8 +734,7 @@ mod tests {
     }
     use rand::{Rng, SeedableRng};
     use rand_pcg::Pcg64Mcg;
-    use std::collections::hash_map::Entry;
-use std::collections::HashMap;
+    use std::collections::HashMap;
     use std::sync::Arc;
 
     /// Columns of key 42 in rows 0 to 3 of a sketch 2^16 wide.
