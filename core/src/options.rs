@@ -296,15 +296,15 @@ impl<K: Key> VariableBuilder<K> {
     /// each slot's rows and scores ([`Evicted`]). It runs on the thread of
     /// that call, after the call's rows are written in every shard (a call
     /// over several shards holds each shard's evicted rows until its last
-    /// shard is written; a `restore` or `load` delivers after each chunk of
-    /// rows it writes, so a listener's panic stops it part-way); it may
-    /// read and write
-    /// other tables (a slower tier) and this one, but a write that evicts
-    /// from within it calls it again. Rows removed otherwise (`remove`,
-    /// `restrict`, `expire`, `clear`, and the clearing a `restore` starts
-    /// with) do not come here. A panic in it propagates to the call that
-    /// evicted (its rows stay evicted), once every batch of evicted rows
-    /// the call held has been delivered. Needs a [`capacity`](Self::capacity).
+    /// shard is written; a `restore` or `load` delivers after each
+    /// checkpoint file it writes, so a listener's panic stops it part-way).
+    /// It may read and write other tables (a slower tier) and this one, but
+    /// a write that evicts from within it calls it again. Rows removed
+    /// otherwise (`remove`, `restrict`, `expire`, `clear`, and the clearing
+    /// a `restore` starts with) do not come here. A panic in it propagates
+    /// to the call that evicted (its rows stay evicted), once every batch of
+    /// evicted rows the call held has been delivered. Needs a
+    /// [`capacity`](Self::capacity).
     pub fn on_evict(mut self, f: impl Fn(Evicted<'_, K>) + Send + Sync + 'static) -> Self {
         self.options.on_evict = Some(EvictListener::new(f));
         self

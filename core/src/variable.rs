@@ -129,6 +129,9 @@ struct Inner {
     slots: Arc<RwLock<Vec<String>>>,
     /// Most rows over all shards, if bounded.
     capacity: Option<usize>,
+    /// Whether evicted rows go to a listener (calls then hold deliveries,
+    /// see [`HeldDeliveries`]).
+    listens: bool,
     /// Admission counts, shared by the shards.
     admitter: Option<Arc<Admitter>>,
     /// Rows removed by `expire`.
@@ -218,6 +221,7 @@ impl<K: Key> Variable<K> {
             }
             None => None,
         };
+        let listens = options.on_evict.is_some();
         let listener = options.on_evict.map(|listener| {
             let slots = Arc::clone(&slots);
             Arc::new(move |rows: &EvictedRows| {
@@ -249,6 +253,7 @@ impl<K: Key> Variable<K> {
                 id: crate::new_store_id(),
                 slots,
                 capacity: options.capacity,
+                listens,
                 admitter,
                 expired: AtomicU64::new(0),
                 name,
@@ -375,7 +380,7 @@ impl<K: Key> Variable<K> {
         mut op: impl FnMut(&Table, &[u64], Positions<'_>) -> Result<()>,
     ) -> Result<()> {
         // Evicted rows reach the listener once every shard is written.
-        let held = HeldDeliveries::begin();
+        let held = self.inner.listens.then(HeldDeliveries::begin);
         let result = match split {
             Split::One(bits) => op(&self.inner.shards[0], &bits, Positions::Dense),
             Split::Many(parts) => self
@@ -386,7 +391,9 @@ impl<K: Key> Variable<K> {
                 .filter(|(_, (bits, _))| !bits.is_empty())
                 .try_for_each(|(table, (bits, at))| op(table, bits, Positions::At(at))),
         };
-        held.finish();
+        if let Some(held) = held {
+            held.finish();
+        }
         result
     }
 
@@ -808,7 +815,8 @@ impl<K: Key> Variable<K> {
     /// kept (a missing key that another thread inserted at the same moment,
     /// a row another thread removed); the last run's result is the one
     /// stored. It runs under the row's lock, so it must not call this
-    /// variable (that would wait for the lock it holds) and should be short.
+    /// variable, directly or through the eviction listener of a variable it
+    /// writes (that would wait for the lock it holds), and should be short.
     /// `slots` must not repeat a slot ([`Error::InvalidArgument`]).
     ///
     /// If `update` leaves a NaN or infinite number in a row, that row is not
@@ -964,7 +972,10 @@ impl<K: Key> Variable<K> {
     /// Replaces the variable's contents with the checkpoint at `dir`. The
     /// whole checkpoint is checked first (checksums, key type, dim, shapes,
     /// finite values that fit the variable's dtypes); if anything is wrong
-    /// the variable is left as it was.
+    /// the variable is left as it was. (An eviction listener that panics
+    /// stops a restore part-way: rows evicted while a checkpoint file is
+    /// written reach it after that file, see
+    /// [`VariableBuilder::on_evict`].)
     /// The checkpoint may come from a variable with another shard count.
     pub fn restore(&self, dir: impl AsRef<Path>) -> Result<()> {
         checkpoint::read_into(self, dir.as_ref(), true)

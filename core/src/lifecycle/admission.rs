@@ -34,7 +34,6 @@ use super::{Admission, SKETCH_AGEING_READS};
 use crate::raw::kernels::prefetch;
 use crate::{Error, Result};
 use crossbeam_utils::CachePadded;
-use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
@@ -254,15 +253,15 @@ impl ExactCounts {
             return true;
         }
         let mut stripe = self.stripe(key);
-        if let Entry::Occupied(mut entry) = stripe.counts.entry(key) {
-            let count = entry.get_mut();
+        if let Some(count) = stripe.counts.get_mut(&key) {
             *count = count.saturating_add(1);
             if *count >= self.min_count {
-                entry.remove();
+                stripe.counts.remove(&key);
                 return true;
             }
             return false;
         }
+        // Room is made before the insert, so a full stripe's map never grows.
         stripe.make_room();
         stripe.counts.insert(key, 1);
         false

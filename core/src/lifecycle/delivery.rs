@@ -70,9 +70,9 @@ impl HeldDeliveries {
         if !std::mem::take(&mut self.open) {
             return None;
         }
-        let batches = HELD
-            .try_with(|held| held.borrow_mut().pop().unwrap_or_default())
-            .unwrap_or_default();
+        let batches = HELD.try_with(|held| held.borrow_mut().pop().unwrap_or_default());
+        debug_assert!(batches.is_ok(), "thread locals outlive a call");
+        let batches = batches.unwrap_or_default();
         let mut first_panic = None;
         for (listener, rows) in batches {
             if let Err(panic) = catch_unwind(AssertUnwindSafe(|| listener(&rows))) {
@@ -88,6 +88,10 @@ impl Drop for HeldDeliveries {
     /// delivered, and a listener's panic dropped (the call's own panic is
     /// already on its way).
     fn drop(&mut self) {
+        debug_assert!(
+            !self.open || std::thread::panicking(),
+            "a call that returns finishes its frame"
+        );
         let _ = self.deliver_held();
     }
 }

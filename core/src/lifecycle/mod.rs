@@ -59,10 +59,11 @@ pub enum Admission {
     /// period ageing would halve a key's count before it got there unless
     /// the key made most of the reads (beyond about twice the period, not
     /// even then). Ageing happens at the end of the shard batch (the part
-    /// of a call one shard runs) that completes a period. Size `width` to the distinct keys the stream brings
-    /// between two agings: at depth 4, a width of 1.3 times that count
-    /// keeps early admissions near 1% (a width of a third of it admits a
-    /// third of the keys early; see the admission tests).
+    /// of a call one shard runs) that completes a period. Size `width` to
+    /// the distinct keys the stream brings between two agings: at depth 4,
+    /// a width of 1.3 times that count keeps early admissions near 1% (a
+    /// width of a third of it admits a third of the keys early; see the
+    /// admission tests).
     Sketch {
         /// Training reads that admit a key.
         min_count: u32,
