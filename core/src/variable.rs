@@ -129,9 +129,6 @@ struct Inner {
     slots: Arc<RwLock<Vec<String>>>,
     /// Most rows over all shards, if bounded.
     capacity: Option<usize>,
-    /// Whether evicted rows go to a listener (calls then hold deliveries,
-    /// see [`HeldDeliveries`]).
-    listens: bool,
     /// Admission counts, shared by the shards.
     admitter: Option<Arc<Admitter>>,
     /// Rows removed by `expire`.
@@ -221,7 +218,6 @@ impl<K: Key> Variable<K> {
             }
             None => None,
         };
-        let listens = options.on_evict.is_some();
         let listener = options.on_evict.map(|listener| {
             let slots = Arc::clone(&slots);
             Arc::new(move |rows: &EvictedRows| {
@@ -253,7 +249,6 @@ impl<K: Key> Variable<K> {
                 id: crate::new_store_id(),
                 slots,
                 capacity: options.capacity,
-                listens,
                 admitter,
                 expired: AtomicU64::new(0),
                 name,
@@ -379,8 +374,11 @@ impl<K: Key> Variable<K> {
         split: Split,
         mut op: impl FnMut(&Table, &[u64], Positions<'_>) -> Result<()>,
     ) -> Result<()> {
-        // Evicted rows reach the listener once every shard is written.
-        let held = self.inner.listens.then(HeldDeliveries::begin);
+        // Evicted rows reach the listener once every shard is written (every
+        // shard has the variable's listener, or none).
+        let held = self.inner.shards[0]
+            .has_listener()
+            .then(HeldDeliveries::begin);
         let result = match split {
             Split::One(bits) => op(&self.inner.shards[0], &bits, Positions::Dense),
             Split::Many(parts) => self

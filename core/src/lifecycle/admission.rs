@@ -718,6 +718,10 @@ impl fmt::Debug for Admitter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::{Rng, SeedableRng};
+    use rand_pcg::Pcg64Mcg;
+    use std::collections::HashMap;
+    use std::sync::Arc;
 
     /// One training read, counted and noted, as a call of one key does.
     trait ReadOne {
@@ -731,10 +735,6 @@ mod tests {
             admitted
         }
     }
-    use rand::{Rng, SeedableRng};
-    use rand_pcg::Pcg64Mcg;
-    use std::collections::HashMap;
-    use std::sync::Arc;
 
     /// Columns of key 42 in rows 0 to 3 of a sketch 2^16 wide.
     const PINNED_COLUMNS: [usize; 4] = [64346, 50964, 30340, 13325];

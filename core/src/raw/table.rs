@@ -595,6 +595,11 @@ impl Table {
         self.not_admitted.load(Ordering::Relaxed)
     }
 
+    /// Whether evicted rows go to a listener.
+    pub(crate) fn has_listener(&self) -> bool {
+        self.listener.is_some()
+    }
+
     /// Hands a batch's evicted rows to the listener (held until the
     /// variable's call has written every shard, see
     /// [`delivery`](crate::lifecycle::delivery)).
