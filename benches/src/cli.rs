@@ -24,7 +24,7 @@
 //! 100M ids into 4M rows, batches of 4,096; `--quick`: 2M ids into 100k
 //! rows).
 
-use crate::bounded::BoundedShape;
+use crate::bounded::{cost, BoundedShape};
 use crate::peers::{Op, System};
 use crate::suite::{Config, Plan};
 use crate::workload::Shape;
@@ -107,6 +107,16 @@ pub struct Cli {
     /// Ids per batch of the bounded group (default 4096).
     #[arg(long, value_name = "B", value_parser = positive)]
     bounded_batch: Option<usize>,
+    /// The variants bounded-cost runs (default all): off, timestamp,
+    /// capacity, exact, sketch.
+    #[arg(
+        long,
+        value_name = "V,..",
+        value_delimiter = ',',
+        hide_possible_values = true,
+        value_parser = PossibleValuesParser::new(cost::VARIANTS),
+    )]
+    bounded_cost_variants: Vec<String>,
 }
 
 /// The names `--systems` knows.
@@ -135,6 +145,7 @@ impl Cli {
             bounded_ids: self.bounded_ids,
             bounded_capacity: self.bounded_capacity,
             bounded_batch: self.bounded_batch,
+            bounded_cost_variants: dedup(self.bounded_cost_variants),
             ..Options::default()
         };
         if !self.systems.is_empty() {
@@ -220,6 +231,8 @@ pub struct Options {
     pub bounded_capacity: Option<usize>,
     /// `--bounded-batch`.
     pub bounded_batch: Option<usize>,
+    /// `--bounded-cost-variants` (empty: every variant).
+    pub bounded_cost_variants: Vec<String>,
 }
 
 impl Default for Options {
@@ -242,6 +255,7 @@ impl Default for Options {
             bounded_ids: None,
             bounded_capacity: None,
             bounded_batch: None,
+            bounded_cost_variants: Vec::new(),
         }
     }
 }
@@ -387,6 +401,10 @@ impl Options {
             } else {
                 0
             },
+            cost_variants: cost::VARIANTS.map(|v| {
+                self.bounded_cost_variants.is_empty()
+                    || self.bounded_cost_variants.iter().any(|s| s == v)
+            }),
         })
     }
 
@@ -694,6 +712,19 @@ mod tests {
             .bounded
             .unwrap();
         assert!(!b.stream && b.cost_keys == 4_000_000, "only the cost");
+        assert_eq!(b.cost_variants, [true; 5], "every variant by default");
+        let b = run(&[
+            "--ops",
+            "bounded-cost",
+            "--bounded-cost-variants",
+            "timestamp,off",
+        ])
+        .unwrap()
+        .plan()
+        .bounded
+        .unwrap();
+        assert_eq!(b.cost_variants, [true, true, false, false, false]);
+        assert!(run(&["--bounded-cost-variants", "lru"]).is_err());
         assert_eq!(run(&["--ops", "lookup"]).unwrap().plan().bounded, None);
         let no_dynemb = run(&["--systems", "dashmap"]).unwrap().plan();
         assert_eq!(no_dynemb.bounded, None, "the group needs dynemb");

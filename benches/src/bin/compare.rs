@@ -5,7 +5,7 @@
 //! cargo run --release -p dynemb-benches --bin compare -- [--keys N] [--dim D[,D..]]
 //!     [--threads T[,T..]] [--batch B] [--json FILE] [--quick] [--systems S[,S..]]
 //!     [--ops O[,O..]] [--repeats R] [--bounded-ids N] [--bounded-capacity N]
-//!     [--bounded-batch B]
+//!     [--bounded-batch B] [--bounded-cost-variants V[,V..]]
 //! ```
 //!
 //! Progress goes to stderr; the report (Markdown tables) to stdout. See the

@@ -157,9 +157,9 @@ fn rounds(s: &BoundedShape) -> usize {
     s.repeats.max(5)
 }
 
-/// Runs every variant [`rounds`] times over `keys` keys, round `r`
-/// starting with variant `r` (mod their number), so no variant always
-/// runs first.
+/// Runs every variant `s.cost_variants` selects [`rounds`] times over
+/// `keys` keys, round `r` starting with variant `r` (mod their number), so
+/// no variant always runs first.
 pub fn run(keys: usize, s: &BoundedShape) -> Vec<CostRow> {
     let ids: Vec<u64> = (0..keys as u64).map(super::stream::scramble).collect();
     let mut samples: Vec<Vec<[f64; 4]>> = vec![Vec::new(); VARIANTS.len()];
@@ -167,6 +167,9 @@ pub fn run(keys: usize, s: &BoundedShape) -> Vec<CostRow> {
     for r in 0..rounds(s) {
         for i in 0..VARIANTS.len() {
             let v = (i + r) % VARIANTS.len();
+            if !s.cost_variants[v] {
+                continue;
+            }
             let variant = VARIANTS[v];
             release_free_memory();
             let (figures, size) = round(variant, &ids, s);
@@ -178,7 +181,9 @@ pub fn run(keys: usize, s: &BoundedShape) -> Vec<CostRow> {
         .iter()
         .zip(samples)
         .zip(sizes)
-        .map(|((variant, rounds), size)| {
+        .zip(s.cost_variants)
+        .filter(|(_, selected)| *selected)
+        .map(|(((variant, rounds), size), _)| {
             let best = |i: usize| rounds.iter().map(|r| r[i]).fold(0.0, f64::max);
             let admits = matches!(*variant, "exact" | "sketch");
             CostRow {
@@ -273,6 +278,7 @@ mod tests {
             quality_capacity: 0,
             stream: false,
             cost_keys: 3_000,
+            cost_variants: [true; VARIANTS.len()],
         };
         let rows = run(3_000, &shape);
         assert_eq!(rows.len(), VARIANTS.len());
@@ -286,5 +292,20 @@ mod tests {
         }
         let text = render(&rows, 3_000, &shape);
         assert!(text.contains("| capacity / timestamp"), "{text}");
+    }
+
+    #[test]
+    fn only_the_selected_variants_run() {
+        let mut shape = BoundedShape::default_for(true);
+        shape.cost_keys = 2_000;
+        shape.batch = 256;
+        shape.cost_variants = [false, true, false, false, true];
+        let rows = run(2_000, &shape);
+        let ran: Vec<&str> = rows.iter().map(|r| r.variant.as_str()).collect();
+        assert_eq!(ran, ["timestamp", "sketch"]);
+        // No `off` to compare with: the ratios say so.
+        let text = render(&rows, 2_000, &shape);
+        assert!(text.contains("| timestamp |"), "{text}");
+        assert!(!text.contains("| off"), "{text}");
     }
 }

@@ -107,12 +107,14 @@ pub struct BoundedShape {
     pub stream: bool,
     /// Keys of the cost below capacity ([`cost`]); 0 skips it.
     pub cost_keys: usize,
+    /// Which of [`cost::VARIANTS`] the cost below capacity runs.
+    pub cost_variants: [bool; cost::VARIANTS.len()],
 }
 
 impl BoundedShape {
     /// The default shape: 100M ids into 4M rows (`quick`: 2M into 100k,
     /// quality test at 50k), dim 16, batches of 4,096, 2 threads, one run;
-    /// the cost below capacity over 4M keys (`quick`: 200k).
+    /// the cost below capacity over 4M keys (`quick`: 200k), every variant.
     pub fn default_for(quick: bool) -> BoundedShape {
         BoundedShape {
             ids: if quick { 2_000_000 } else { 100_000_000 },
@@ -124,6 +126,7 @@ impl BoundedShape {
             quality_capacity: if quick { 50_000 } else { 1_000_000 },
             stream: true,
             cost_keys: if quick { 200_000 } else { 4_000_000 },
+            cost_variants: [true; cost::VARIANTS.len()],
         }
     }
 }
@@ -579,6 +582,7 @@ mod tests {
             quality_capacity: 2_000,
             stream: true,
             cost_keys: 2_000,
+            cost_variants: [true; cost::VARIANTS.len()],
         };
         let r = run(shape, &Progress::new());
         assert_eq!(r.stream.len(), 5);

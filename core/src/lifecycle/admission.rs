@@ -2,9 +2,12 @@
 //! table has had (see [`Admission`]). One [`Admitter`] serves all shards of
 //! a variable.
 //!
-//! - **Exact** counts live in 64 (fewer for a small bound) striped maps,
-//!   each holding at most its share of the pending bound, so the counter
-//!   never holds more keys than the bound in all. A key's count is exact
+//! - **Exact** counts live in 64 (fewer for a small bound) striped maps
+//!   ([`PendingMap`]: open addressing, one lock each), each holding at
+//!   most its share of the pending bound, so the counter never holds more
+//!   keys than the bound in all. Each stripe publishes where its map's
+//!   entries are ([`ProbeHint`]), so a batch prefetches a key's entry a
+//!   few keys before it counts the key, without the lock. A key's count is exact
 //!   while it stays pending; it is removed when it reaches `min_count` (that
 //!   read admits the key), or dropped when its stripe is full and a new key
 //!   arrives: the stripe then drops its lowest counts (every entry at the
@@ -30,11 +33,11 @@
 //! finalizer, `PHI` = `0x9e3779b97f4a7c15`), the same on every machine
 //! and build.
 
+use super::pending::{PendingMap, ProbeHint};
 use super::{Admission, SKETCH_AGEING_READS};
 use crate::raw::kernels::prefetch;
 use crate::{Error, Result};
 use crossbeam_utils::CachePadded;
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -56,15 +59,6 @@ const STRIPE_HASH: ahash::RandomState = ahash::RandomState::with_seeds(
     0xbb67_ae85_84ca_a73b,
     0x3c6e_f372_fe94_f82b,
     0xa54f_f53a_5f1d_36f1,
-);
-
-/// Hashes keys inside a stripe's map: seeds distinct from the stripe's, so
-/// the keys of one stripe spread over the map's buckets.
-const MAP_HASH: ahash::RandomState = ahash::RandomState::with_seeds(
-    0x510e_527f_ade6_82d1,
-    0x9b05_688c_2b3e_6c1f,
-    0x1f83_d9ab_fb41_bd6b,
-    0x5be0_cd19_137e_2179,
 );
 
 /// The golden ratio in 64 bits: the sketch hash's per-row step.
@@ -121,13 +115,55 @@ enum Counts {
 /// Exact pending counts, striped by key.
 struct ExactCounts {
     min_count: u32,
-    stripes: Box<[CachePadded<Mutex<Stripe>>]>,
+    stripes: Box<[CachePadded<StripeCell>]>,
+}
+
+/// One stripe of exact counts, and where its map keeps its entries (for
+/// prefetching without the lock).
+struct StripeCell {
+    stripe: Mutex<Stripe>,
+    hint: ProbeHint,
+}
+
+/// A locked stripe: publishes where its map's entries are when unlocked.
+struct LockedStripe<'a> {
+    guard: MutexGuard<'a, Stripe>,
+    hint: &'a ProbeHint,
+}
+
+impl StripeCell {
+    /// The stripe, locked.
+    fn lock(&self) -> LockedStripe<'_> {
+        LockedStripe {
+            guard: lock(&self.stripe),
+            hint: &self.hint,
+        }
+    }
+}
+
+impl std::ops::Deref for LockedStripe<'_> {
+    type Target = Stripe;
+    fn deref(&self) -> &Stripe {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for LockedStripe<'_> {
+    fn deref_mut(&mut self) -> &mut Stripe {
+        &mut self.guard
+    }
+}
+
+impl Drop for LockedStripe<'_> {
+    fn drop(&mut self) {
+        self.guard.counts.publish(self.hint);
+    }
 }
 
 /// One stripe of exact counts: at most `room` keys, each with a count in
 /// `1..min_count`.
 struct Stripe {
-    counts: HashMap<u64, u32, ahash::RandomState>,
+    counts: PendingMap,
     room: usize,
 }
 
@@ -176,9 +212,9 @@ impl Stripe {
             self.counts.clear();
             return;
         }
-        let mut counts: Vec<u32> = self.counts.values().copied().collect();
+        let mut counts: Vec<u32> = self.counts.iter().map(|(_, count)| count).collect();
         let (_, &mut highest_dropped, _) = counts.select_nth_unstable(n - 1);
-        self.counts.retain(|_, count| *count > highest_dropped);
+        self.counts.retain(|_, count| count > highest_dropped);
     }
 
     /// Makes room for one more key if the stripe is full: drops the
@@ -193,8 +229,7 @@ impl Stripe {
     /// Raises `key`'s count to at least `count`; the stripe may go past
     /// its room until [`trim`](Self::trim).
     fn raise(&mut self, key: u64, count: u32) {
-        let existing = self.counts.entry(key).or_insert(count);
-        *existing = (*existing).max(count);
+        self.counts.raise(key, count);
     }
 
     /// Drops the lowest counts past the stripe's room: keeps exactly
@@ -206,11 +241,11 @@ impl Stripe {
             return;
         }
         let excess = len - self.room;
-        let mut counts: Vec<u32> = self.counts.values().copied().collect();
+        let mut counts: Vec<u32> = self.counts.iter().map(|(_, count)| count).collect();
         let (_, &mut edge, _) = counts.select_nth_unstable(excess - 1);
         let below = counts.iter().filter(|&&c| c < edge).count();
         let mut edge_drops = excess - below;
-        self.counts.retain(|_, count| match (*count).cmp(&edge) {
+        self.counts.retain(|_, count| match count.cmp(&edge) {
             std::cmp::Ordering::Less => false,
             std::cmp::Ordering::Equal if edge_drops > 0 => {
                 edge_drops -= 1;
@@ -228,10 +263,13 @@ impl ExactCounts {
         let n = STRIPES.min(bound);
         let stripes = (0..n)
             .map(|i| {
-                CachePadded::new(Mutex::new(Stripe {
-                    counts: HashMap::with_hasher(MAP_HASH),
-                    room: bound / n + usize::from(i < bound % n),
-                }))
+                CachePadded::new(StripeCell {
+                    stripe: Mutex::new(Stripe {
+                        counts: PendingMap::default(),
+                        room: bound / n + usize::from(i < bound % n),
+                    }),
+                    hint: ProbeHint::default(),
+                })
             })
             .collect();
         ExactCounts { min_count, stripes }
@@ -243,8 +281,14 @@ impl ExactCounts {
     }
 
     /// The stripe of `key`, locked.
-    fn stripe(&self, key: u64) -> MutexGuard<'_, Stripe> {
-        lock(&self.stripes[self.stripe_of(key)])
+    fn stripe(&self, key: u64) -> LockedStripe<'_> {
+        self.stripes[self.stripe_of(key)].lock()
+    }
+
+    /// Prefetches the entry where `key`'s count is, or would go, ahead of
+    /// a count.
+    fn prefetch(&self, key: u64) {
+        self.stripes[self.stripe_of(key)].hint.prefetch(key);
     }
 
     /// Counts one read of `key`; true if it admits the key.
@@ -253,27 +297,23 @@ impl ExactCounts {
             return true;
         }
         let mut stripe = self.stripe(key);
-        if let Some(count) = stripe.counts.get_mut(&key) {
-            *count = count.saturating_add(1);
-            if *count >= self.min_count {
-                stripe.counts.remove(&key);
-                return true;
-            }
-            return false;
+        if stripe.counts.len() >= stripe.room && stripe.counts.get(key).is_none() {
+            // Room is made before the insert, so a stripe never holds more
+            // than its room.
+            stripe.make_room();
         }
-        // Room is made before the insert, so a full stripe's map never grows.
-        stripe.make_room();
-        stripe.counts.insert(key, 1);
-        false
+        stripe.counts.bump(key, self.min_count).is_none()
     }
 
     /// Every pending key and its count.
     fn state(&self) -> AdmissionState {
         let (mut keys, mut counts) = (Vec::new(), Vec::new());
         for stripe in self.stripes.iter() {
-            let stripe = lock(stripe);
-            keys.extend(stripe.counts.keys().copied());
-            counts.extend(stripe.counts.values().copied());
+            let stripe = stripe.lock();
+            for (key, count) in stripe.counts.iter() {
+                keys.push(key);
+                counts.push(count);
+            }
         }
         AdmissionState::Exact { keys, counts }
     }
@@ -297,7 +337,7 @@ impl ExactCounts {
             if entries.is_empty() {
                 continue;
             }
-            let mut stripe = lock(stripe);
+            let mut stripe = stripe.lock();
             for (key, count) in entries {
                 stripe.raise(key, count);
             }
@@ -308,7 +348,7 @@ impl ExactCounts {
     /// Forgets every pending count.
     fn clear(&self) {
         for stripe in self.stripes.iter() {
-            lock(stripe).counts.clear();
+            stripe.lock().counts.clear();
         }
     }
 }
@@ -573,13 +613,13 @@ impl Admitter {
     }
 
     /// Starts bringing what counting `key` reads into cache (a sketch's
-    /// counters; exact counts live in maps with no such hint): a batch
-    /// calls it a few keys before it counts or checks a missing key.
+    /// counters, or the entry of the key's exact count): a batch calls it
+    /// a few keys before it counts or checks a missing key.
     pub(crate) fn prefetch(&self, key: u64) {
-        if let Counts::Sketch(sketch) = &self.counts {
-            if sketch.min_count > 1 {
-                sketch.prefetch(key);
-            }
+        match &self.counts {
+            Counts::Exact(exact) if exact.min_count > 1 => exact.prefetch(key),
+            Counts::Sketch(sketch) if sketch.min_count > 1 => sketch.prefetch(key),
+            _ => {}
         }
     }
 
@@ -692,7 +732,7 @@ impl Admitter {
     #[cfg(test)]
     fn estimate(&self, key: u64) -> u32 {
         match &self.counts {
-            Counts::Exact(exact) => exact.stripe(key).counts.get(&key).copied().unwrap_or(0),
+            Counts::Exact(exact) => exact.stripe(key).counts.get(key).unwrap_or(0),
             Counts::Sketch(sketch) => sketch.estimate(key),
         }
     }
@@ -704,7 +744,7 @@ impl fmt::Debug for Admitter {
         d.field("admission", &self.admission);
         match &self.counts {
             Counts::Exact(exact) => {
-                let pending: usize = exact.stripes.iter().map(|s| lock(s).counts.len()).sum();
+                let pending: usize = exact.stripes.iter().map(|s| s.lock().counts.len()).sum();
                 d.field("pending", &pending);
             }
             Counts::Sketch(sketch) => {

@@ -21,6 +21,7 @@
 
 pub(crate) mod admission;
 pub(crate) mod delivery;
+mod pending;
 
 use std::fmt;
 use std::sync::Arc;
