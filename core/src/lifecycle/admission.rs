@@ -7,13 +7,14 @@
 //!   most its share of the pending bound, so the counter never holds more
 //!   keys than the bound in all. Each stripe publishes where its map's
 //!   entries are ([`ProbeHint`]), so a batch prefetches a key's entry a
-//!   few keys before it counts the key, without the lock. A key's count is exact
-//!   while it stays pending; it is removed when it reaches `min_count` (that
-//!   read admits the key), or dropped when its stripe is full and a new key
-//!   arrives: the stripe then drops its lowest counts (every entry at the
-//!   lowest count, and the next lowest until a sixteenth of the stripe is
-//!   free, so making room costs a constant per key counted), and those keys
-//!   are admitted late (or never, while new keys keep the stripe full).
+//!   few keys before it counts the key, without the lock. A key's count is
+//!   exact while it stays pending; it is removed when it reaches
+//!   `min_count` (that read admits the key), or dropped when its stripe is
+//!   full and a new key arrives: the stripe then drops its lowest counts
+//!   (every entry at the lowest count, and the next lowest until a
+//!   sixteenth of the stripe is free, so making room costs a constant per
+//!   key counted), and those keys are admitted late (or never, while new
+//!   keys keep the stripe full).
 //! - **Sketch** counts live in a count-min sketch of `depth` rows of
 //!   `width` saturating 16-bit counters with conservative update. Every
 //!   counter of a key is at least the key's count of reads since the last
@@ -119,10 +120,12 @@ struct ExactCounts {
 }
 
 /// One stripe of exact counts, and where its map keeps its entries (for
-/// prefetching without the lock).
+/// prefetching without the lock), in a cache line of its own: the lock's
+/// line changes hands at every count, the hint's only when the map's
+/// array moves.
 struct StripeCell {
     stripe: Mutex<Stripe>,
-    hint: ProbeHint,
+    hint: CachePadded<ProbeHint>,
 }
 
 /// A locked stripe: publishes where its map's entries are when unlocked.
@@ -261,14 +264,15 @@ impl ExactCounts {
     fn new(min_count: u32, bound: usize) -> ExactCounts {
         let bound = bound.max(1);
         let n = STRIPES.min(bound);
+        let room = |i: usize| bound / n + usize::from(i < bound % n);
         let stripes = (0..n)
             .map(|i| {
                 CachePadded::new(StripeCell {
                     stripe: Mutex::new(Stripe {
-                        counts: PendingMap::default(),
-                        room: bound / n + usize::from(i < bound % n),
+                        counts: PendingMap::new(room(i)),
+                        room: room(i),
                     }),
-                    hint: ProbeHint::default(),
+                    hint: CachePadded::new(ProbeHint::default()),
                 })
             })
             .collect();

@@ -5,9 +5,12 @@
 //! empty slot (a pending key's count is at least 1). Removal shifts the
 //! entries after the hole back (no tombstones), so a map that admits and
 //! counts keys for ever never needs a rehash to clear them, and a lookup
-//! of a key the map lacks stops at the first empty slot. The array is a
-//! power of two long and at most half full: a lookup reads one or two
-//! neighbouring entries, most often in one cache line.
+//! of a key the map lacks stops at the first empty slot. The array is at
+//! most half full (about 1.5 entries read by a lookup that finds its key,
+//! 2.5 by one that does not), and 16 bytes an entry: it doubles as keys
+//! arrive, up to twice the map's limit (the stripe's room), so a map at
+//! its limit takes 32 bytes a key; when keys are dropped it is sized for
+//! those kept.
 
 use crate::raw::kernels::prefetch;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
@@ -23,11 +26,14 @@ struct Entry {
 const MIN_SLOTS: usize = 16;
 
 /// Pending keys and their counts (each at least 1).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct PendingMap {
-    /// Empty, or a power of two long; at most half of it full.
+    /// Empty, or at least twice as long as `len`.
     entries: Vec<Entry>,
     len: usize,
+    /// Keys the map holds at most, but for a while during a merge: its
+    /// array grows no longer than twice this while it holds no more.
+    limit: usize,
 }
 
 /// Hashes keys to their home slot: fixed seeds (a stripe's map is keyed
@@ -39,26 +45,34 @@ const MAP_HASH: ahash::RandomState = ahash::RandomState::with_seeds(
     0x5be0_cd19_137e_2179,
 );
 
+/// The home slot of `key` in an array of `slots` slots (the hash's high
+/// bits, scaled).
+fn home_of(key: u64, slots: usize) -> usize {
+    ((u128::from(MAP_HASH.hash_one(key)) * slots as u128) >> 64) as usize
+}
+
 /// Where a map keeps its entries, published by its owner (under the lock
-/// that guards the map) for readers that only prefetch: read without the
-/// lock, it may be stale, which costs a wasted prefetch and nothing else
-/// (a prefetch of any address is harmless).
+/// that guards the map) for readers that only prefetch. Read without the
+/// lock, the address and the length may be stale, or one newer than the
+/// other; that costs a wasted prefetch and nothing else (a prefetch of any
+/// address is harmless). Written only when the array moves, so readers
+/// keep it in their caches.
 #[derive(Debug, Default)]
 pub(crate) struct ProbeHint {
     entries: AtomicPtr<Entry>,
-    mask: AtomicUsize,
+    slots: AtomicUsize,
 }
 
 impl ProbeHint {
-    /// Prefetches the home slot of `key` in the entries last published.
+    /// Prefetches the home slot of `key` and the slot after it (which a
+    /// removal reads), in the entries last published.
     pub(crate) fn prefetch(&self, key: u64) {
         let entries = self.entries.load(Ordering::Relaxed);
-        if !entries.is_null() {
-            let home = (MAP_HASH.hash_one(key) as usize) & self.mask.load(Ordering::Relaxed);
-            // The entry, and the one after it (which a removal reads), most
-            // often in the same line.
+        let slots = self.slots.load(Ordering::Relaxed);
+        if !entries.is_null() && slots > 0 {
+            let home = home_of(key, slots);
             prefetch(entries.wrapping_add(home));
-            prefetch(entries.wrapping_add(home + 1));
+            prefetch(entries.wrapping_add(if home + 1 == slots { 0 } else { home + 1 }));
         }
     }
 }
@@ -70,26 +84,43 @@ enum Probe {
 }
 
 impl PendingMap {
+    /// An empty map that holds up to `limit` keys in at most twice as
+    /// many slots.
+    pub(crate) fn new(limit: usize) -> PendingMap {
+        PendingMap {
+            entries: Vec::new(),
+            len: 0,
+            limit,
+        }
+    }
+
     /// Pending keys held.
     pub(crate) fn len(&self) -> usize {
         self.len
     }
 
-    /// The slot mask (the array is a power of two long).
-    fn mask(&self) -> usize {
-        self.entries.len() - 1
+    /// The slot after `i`.
+    fn next(&self, i: usize) -> usize {
+        if i + 1 == self.entries.len() {
+            0
+        } else {
+            i + 1
+        }
     }
 
-    /// The home slot of `key`.
-    fn home(&self, key: u64) -> usize {
-        (MAP_HASH.hash_one(key) as usize) & self.mask()
+    /// How far `to` lies after `from`, going round the array.
+    fn distance(&self, from: usize, to: usize) -> usize {
+        if to >= from {
+            to - from
+        } else {
+            to + self.entries.len() - from
+        }
     }
 
     /// Finds `key`, or the empty slot it would take (the array is not
     /// empty and never full, so the probe ends).
     fn probe(&self, key: u64) -> Probe {
-        let mask = self.mask();
-        let mut i = self.home(key);
+        let mut i = home_of(key, self.entries.len());
         loop {
             let entry = self.entries[i];
             if entry.count == 0 {
@@ -98,20 +129,22 @@ impl PendingMap {
             if entry.key == key {
                 return Probe::Found(i);
             }
-            i = (i + 1) & mask;
+            i = self.next(i);
         }
     }
 
-    /// Publishes where the entries are now to `hint`, if they moved.
+    /// Publishes where the entries are to `hint`, if they moved.
     pub(crate) fn publish(&self, hint: &ProbeHint) {
         let entries = if self.entries.is_empty() {
             std::ptr::null_mut()
         } else {
             self.entries.as_ptr().cast_mut()
         };
-        if hint.entries.load(Ordering::Relaxed) != entries {
-            hint.mask
-                .store(self.entries.len().saturating_sub(1), Ordering::Relaxed);
+        let slots = self.entries.len();
+        if hint.entries.load(Ordering::Relaxed) != entries
+            || hint.slots.load(Ordering::Relaxed) != slots
+        {
+            hint.slots.store(slots, Ordering::Relaxed);
             hint.entries.store(entries, Ordering::Relaxed);
         }
     }
@@ -127,10 +160,25 @@ impl PendingMap {
         }
     }
 
+    /// The slot `key` takes as a new key, the array grown first if one
+    /// more key would fill it past half.
+    fn vacant_for(&mut self, key: u64, at: usize) -> usize {
+        if 2 * (self.len + 1) <= self.entries.len() {
+            return at;
+        }
+        self.rebuild(self.slots_for(self.len + 1));
+        match self.probe(key) {
+            Probe::Vacant(i) => i,
+            Probe::Found(_) => unreachable!("a new key is not in the map"),
+        }
+    }
+
     /// Adds one read of `key`: its count, now at least 1, or `None` if the
     /// count reached `remove_at` and the key was removed instead.
     pub(crate) fn bump(&mut self, key: u64, remove_at: u32) -> Option<u32> {
-        self.reserve_one();
+        if self.entries.is_empty() {
+            self.rebuild(self.slots_for(1));
+        }
         match self.probe(key) {
             Probe::Found(i) => {
                 let count = self.entries[i].count.saturating_add(1);
@@ -141,10 +189,9 @@ impl PendingMap {
                 self.entries[i].count = count;
                 Some(count)
             }
+            Probe::Vacant(_) if remove_at <= 1 => None,
             Probe::Vacant(i) => {
-                if remove_at <= 1 {
-                    return None;
-                }
+                let i = self.vacant_for(key, i);
                 self.entries[i] = Entry { key, count: 1 };
                 self.len += 1;
                 Some(1)
@@ -156,13 +203,16 @@ impl PendingMap {
     /// key if it is not pending.
     pub(crate) fn raise(&mut self, key: u64, count: u32) {
         let count = count.max(1);
-        self.reserve_one();
+        if self.entries.is_empty() {
+            self.rebuild(self.slots_for(1));
+        }
         match self.probe(key) {
             Probe::Found(i) => {
                 let entry = &mut self.entries[i].count;
                 *entry = (*entry).max(count);
             }
             Probe::Vacant(i) => {
+                let i = self.vacant_for(key, i);
                 self.entries[i] = Entry { key, count };
                 self.len += 1;
             }
@@ -172,19 +222,18 @@ impl PendingMap {
     /// Empties the slot `i` holds, moving back the entries after it that
     /// their probes pass it for, so that no probe crosses a hole.
     fn remove_at(&mut self, i: usize) {
-        let mask = self.mask();
         let mut hole = i;
         let mut j = i;
         loop {
-            j = (j + 1) & mask;
+            j = self.next(j);
             let entry = self.entries[j];
             if entry.count == 0 {
                 break;
             }
             // The entry at `j` may fill the hole if its probe passed the
             // hole: its home is no nearer `j` than the hole is.
-            let home = self.home(entry.key);
-            if (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask) {
+            let home = home_of(entry.key, self.entries.len());
+            if self.distance(home, j) >= self.distance(hole, j) {
                 self.entries[hole] = entry;
                 hole = j;
             }
@@ -193,14 +242,21 @@ impl PendingMap {
         self.len -= 1;
     }
 
-    /// Makes sure one more key keeps the array at most half full.
-    fn reserve_one(&mut self) {
-        if 2 * (self.len + 1) > self.entries.len() {
-            self.rebuild((2 * (self.len + 1)).next_power_of_two().max(MIN_SLOTS));
+    /// Slots for `keys` keys: twice as many, rounded up to a power of two
+    /// (at least [`MIN_SLOTS`]), but no more than twice the limit while
+    /// the keys are within it.
+    fn slots_for(&self, keys: usize) -> usize {
+        let doubled = (2 * keys).max(MIN_SLOTS).next_power_of_two();
+        let ceiling = (2 * self.limit).max(MIN_SLOTS);
+        if 2 * keys <= ceiling {
+            doubled.min(ceiling)
+        } else {
+            doubled
         }
     }
 
-    /// Moves every entry into an array of `slots` slots.
+    /// Moves every entry into an array of `slots` slots (at least twice
+    /// the keys).
     fn rebuild(&mut self, slots: usize) {
         let old = std::mem::replace(&mut self.entries, vec![Entry::default(); slots]);
         self.len = 0;
@@ -221,7 +277,7 @@ impl PendingMap {
     }
 
     /// Keeps the keys for which `keep(key, count)` is true, in an array
-    /// sized for them.
+    /// sized for them ([`slots_for`](Self::slots_for)).
     pub(crate) fn retain(&mut self, mut keep: impl FnMut(u64, u32) -> bool) {
         for entry in &mut self.entries {
             if entry.count > 0 && !keep(entry.key, entry.count) {
@@ -229,17 +285,12 @@ impl PendingMap {
             }
         }
         let kept = self.entries.iter().filter(|e| e.count > 0).count();
-        let slots = if kept == 0 {
-            0
-        } else {
-            (2 * kept).next_power_of_two().max(MIN_SLOTS)
-        };
-        // The holes this made may cut probes short: put the kept entries
-        // again, into a fresh array.
-        if slots == 0 {
+        if kept == 0 {
             self.clear();
         } else {
-            self.rebuild(slots);
+            // The holes this made may cut probes short: put the kept
+            // entries again.
+            self.rebuild(self.slots_for(kept));
         }
     }
 
@@ -265,7 +316,7 @@ mod tests {
 
     #[test]
     fn counts_and_removes_at_the_threshold() {
-        let mut map = PendingMap::default();
+        let mut map = PendingMap::new(64);
         assert_eq!(map.get(7), None);
         assert_eq!(map.bump(7, 3), Some(1));
         assert_eq!(map.bump(7, 3), Some(2));
@@ -279,7 +330,7 @@ mod tests {
 
     #[test]
     fn retaining_nothing_empties_the_map() {
-        let mut map = PendingMap::default();
+        let mut map = PendingMap::new(64);
         map.bump(3, 5);
         map.retain(|_, count| count > 1);
         assert_eq!((map.len(), map.get(3), map.iter().count()), (0, None, 0));
@@ -290,16 +341,13 @@ mod tests {
     fn removal_keeps_every_colliding_key_reachable() {
         // Six keys with one home slot in a map of MIN_SLOTS slots (which
         // six keys keep), each removed in turn from a map of all six.
-        let mut probe = PendingMap::default();
-        probe.raise(0, 1);
-        assert_eq!(probe.entries.len(), MIN_SLOTS);
-        let home = probe.home(0);
+        let home = home_of(0, MIN_SLOTS);
         let colliding: Vec<u64> = (0..u64::MAX)
-            .filter(|&k| probe.home(k) == home)
+            .filter(|&k| home_of(k, MIN_SLOTS) == home)
             .take(6)
             .collect();
         for &gone in &colliding {
-            let mut map = PendingMap::default();
+            let mut map = PendingMap::new(8);
             for (i, &k) in colliding.iter().enumerate() {
                 map.raise(k, i as u32 + 1);
             }
@@ -310,6 +358,59 @@ mod tests {
                 assert_eq!(map.get(k), expected, "key {k} after removing {gone}");
             }
         }
+    }
+
+    #[test]
+    fn a_map_at_its_limit_keeps_its_array() {
+        // Keys counted for ever, the lowest dropped at the limit (as a
+        // full stripe does): the array stays twice the limit long.
+        let limit = 1_000;
+        let mut map = PendingMap::new(limit);
+        for key in 0..50_000_u64 {
+            for key in [key, key / 2] {
+                if map.len() >= limit && map.get(key).is_none() {
+                    let lowest = map.iter().map(|(_, count)| count).min().unwrap();
+                    map.retain(|_, count| count > lowest);
+                }
+                map.bump(key, 3);
+            }
+            assert!(map.len() <= limit);
+            assert!(
+                map.entries.len() <= 2 * limit,
+                "{} slots",
+                map.entries.len()
+            );
+            assert!(map.entries.len() >= 2 * map.len());
+        }
+    }
+
+    #[test]
+    fn the_hint_follows_the_array() {
+        let hint = ProbeHint::default();
+        let mut map = PendingMap::new(1 << 12);
+        let published = |hint: &ProbeHint| {
+            (
+                hint.entries.load(Ordering::Relaxed).cast_const(),
+                hint.slots.load(Ordering::Relaxed),
+            )
+        };
+        map.publish(&hint);
+        assert_eq!(published(&hint), (std::ptr::null(), 0));
+        for key in 0..1_000 {
+            map.bump(key, 5);
+            map.publish(&hint);
+            assert_eq!(published(&hint), (map.entries.as_ptr(), map.entries.len()));
+        }
+        map.retain(|key, _| key < 10);
+        map.publish(&hint);
+        assert_eq!(map.entries.len(), 32, "sized for the keys kept");
+        assert_eq!(published(&hint), (map.entries.as_ptr(), 32));
+        // A prefetch through it reads nothing: any key will do.
+        hint.prefetch(u64::MAX);
+        map.clear();
+        map.publish(&hint);
+        assert_eq!(published(&hint), (std::ptr::null(), 0));
+        hint.prefetch(7);
     }
 
     #[derive(Debug, Clone)]
@@ -335,7 +436,7 @@ mod tests {
         /// The map holds what a `HashMap` following the same rules holds.
         #[test]
         fn behaves_as_a_hash_map(ops in proptest::collection::vec(op(), 1..400)) {
-            let mut map = PendingMap::default();
+            let mut map = PendingMap::new(64);
             let mut model: HashMap<u64, u32> = HashMap::new();
             for op in ops {
                 match op {
