@@ -184,12 +184,14 @@ struct WriterLog {
     handed: Vec<u64>,
 }
 
-/// The keys handed to the remover, and how many writers finished their
-/// half round.
+/// The keys handed to the remover, how many writers finished their half
+/// round, and whether the expirer has expired in it (writers finish a
+/// half of expiry only after that, so expiry always races with writes).
 #[derive(Default)]
 struct Handoff {
     queue: Mutex<Vec<u64>>,
     writers_done: AtomicUsize,
+    expired_once: AtomicBool,
 }
 
 /// One writer thread's state.
@@ -237,7 +239,7 @@ impl Writer<'_> {
     /// Half round `half` (even: removals, odd: expiry): the writer's next
     /// distinct keys by batches of each kind of write, shared keys by
     /// `update_rows`, and updates of its own earlier keys.
-    fn half(&mut self, half: usize, handoff: &Handoff) {
+    fn half(&mut self, half: usize, handoff: &Handoff, rendezvous: &Rendezvous) {
         let first = distinct_base(self.t) + half as u64 * KEYS_PER_HALF;
         let keys: Vec<u64> = (first..first + KEYS_PER_HALF).collect();
         for (b, chunk) in keys.chunks(BATCH).enumerate() {
@@ -290,6 +292,12 @@ impl Writer<'_> {
                     .collect();
                 let fresh = self.update(&again);
                 self.inserted(&fresh);
+            }
+        }
+        if !half.is_multiple_of(2) {
+            while !handoff.expired_once.load(Ordering::Acquire) {
+                rendezvous.check();
+                std::thread::yield_now();
             }
         }
         handoff.writers_done.fetch_add(1, Ordering::AcqRel);
@@ -351,7 +359,7 @@ fn bounded_variable_accounts_for_every_row_under_concurrent_writes_removals_and_
                         log: WriterLog::default(),
                     };
                     for (half, handoff) in handoffs.iter().enumerate() {
-                        writer.half(half, handoff);
+                        writer.half(half, handoff, rendezvous);
                         rendezvous.wait(half);
                     }
                     writer.log
@@ -394,16 +402,26 @@ fn bounded_variable_accounts_for_every_row_under_concurrent_writes_removals_and_
                 Duration::from_secs(3600),
             ];
             let _fail = FailOnPanic(&rendezvous);
+            let mut calls = 0;
             for (half, handoff) in handoffs.iter().enumerate() {
                 if !half.is_multiple_of(2) {
-                    // Each half starts with everything: one call made while
-                    // the writers run is enough to expire rows.
-                    let mut calls = 0;
+                    // The writers wait for this half's first call, which
+                    // expires everything, so every half expires rows
+                    // while they write.
+                    let mut first = true;
                     while handoff.writers_done.load(Ordering::Acquire) < WRITERS as usize {
                         rendezvous.check();
-                        let age = ages[calls % ages.len()];
-                        calls += 1;
+                        let age = if first {
+                            Duration::ZERO
+                        } else {
+                            calls += 1;
+                            ages[calls % ages.len()]
+                        };
                         expired_total.fetch_add(var.expire(age).unwrap(), Ordering::Relaxed);
+                        if first {
+                            handoff.expired_once.store(true, Ordering::Release);
+                            first = false;
+                        }
                         std::thread::yield_now();
                     }
                 }

@@ -9,8 +9,8 @@
 //! most half full (about 1.5 entries read by a lookup that finds its key,
 //! 2.5 by one that does not), and 16 bytes an entry: it doubles as keys
 //! arrive, up to twice the map's limit (the stripe's room), so a map at
-//! its limit takes 32 bytes a key; when keys are dropped it is sized for
-//! those kept.
+//! its limit takes 32 bytes a key (for a limit of 8 or more: the array has
+//! at least 16 slots); when keys are dropped it is sized for those kept.
 
 use crate::raw::kernels::prefetch;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
@@ -176,6 +176,9 @@ impl PendingMap {
     /// Adds one read of `key`: its count, now at least 1, or `None` if the
     /// count reached `remove_at` and the key was removed instead.
     pub(crate) fn bump(&mut self, key: u64, remove_at: u32) -> Option<u32> {
+        if remove_at <= 1 && self.len == 0 {
+            return None;
+        }
         if self.entries.is_empty() {
             self.rebuild(self.slots_for(1));
         }
@@ -435,8 +438,11 @@ mod tests {
     proptest! {
         /// The map holds what a `HashMap` following the same rules holds.
         #[test]
-        fn behaves_as_a_hash_map(ops in proptest::collection::vec(op(), 1..400)) {
-            let mut map = PendingMap::new(64);
+        fn behaves_as_a_hash_map(
+            limit in 1..48_usize,
+            ops in proptest::collection::vec(op(), 1..400),
+        ) {
+            let mut map = PendingMap::new(limit);
             let mut model: HashMap<u64, u32> = HashMap::new();
             for op in ops {
                 match op {
