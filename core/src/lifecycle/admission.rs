@@ -229,12 +229,6 @@ impl Stripe {
         }
     }
 
-    /// Raises `key`'s count to at least `count`; the stripe may go past
-    /// its room until [`trim`](Self::trim).
-    fn raise(&mut self, key: u64, count: u32) {
-        self.counts.raise(key, count);
-    }
-
     /// Drops the lowest counts past the stripe's room: keeps exactly
     /// `room` of the highest (which of equal counts at the edge stay is
     /// arbitrary).
@@ -342,8 +336,9 @@ impl ExactCounts {
                 continue;
             }
             let mut stripe = stripe.lock();
+            // The stripe may go past its room until the trim.
             for (key, count) in entries {
-                stripe.raise(key, count);
+                stripe.counts.raise(key, count);
             }
             stripe.trim();
         }
