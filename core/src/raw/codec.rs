@@ -10,16 +10,19 @@
 //! slot column's, see [`rows`](super::rows)): zeroed words then read as
 //! that value. Half-precision values are converted through small stack
 //! buffers with `half`'s slice conversions; rounding is to nearest even
-//! except in [`Codec::store_stochastic`]. Every access is a Relaxed atomic
-//! word load or store, as in the kernels; the caller's seqlock orders them.
+//! except in [`Codec::store_stochastic`]. Rows are written with
+//! [`store_words`] and copied out with [`load_words`] (accesses that behave
+//! as Relaxed atomic word accesses, as in the kernels); the caller's seqlock
+//! orders them.
 
+use super::bulk::{load_words, store_words};
 use super::kernels::{
     add_row_if_finite, load_row_xor, store_row, store_row_xor, words_for_dim, xor_mask,
 };
 use crate::Dtype;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use half::{bf16, f16};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::AtomicU64;
 
 /// Values converted per step through the stack buffers.
 const CHUNK: usize = 64;
@@ -66,44 +69,43 @@ impl Codec {
         }
     }
 
-    /// Copies a row out: `out[..] = row`, widened to `f32`.
+    /// Copies a row out: `out[..] = row`, widened to `f32`. Halves are
+    /// copied a chunk at a time into a stack buffer (see
+    /// [`bulk`](super::bulk)) and widened there: a bf16 is the top
+    /// half of an `f32`, so widening it is a shift the compiler vectorizes.
     #[inline]
     pub(crate) fn load(self, row: &[AtomicU64], out: &mut [f32]) {
-        match self.dtype {
-            Dtype::F32 => return load_row_xor(row, self.mask, out),
-            Dtype::Bf16 => return self.load_bf16(row, out),
-            Dtype::F16 => {}
+        if self.dtype == Dtype::F32 {
+            return load_row_xor(row, self.mask, out);
         }
-        let mut bits = [0u16; CHUNK];
-        for (words, out) in row.chunks(CHUNK / HALVES).zip(out.chunks_mut(CHUNK)) {
-            for (word, four) in words.iter().zip(bits.chunks_exact_mut(HALVES)) {
-                let w = word.load(Relaxed) ^ self.mask;
-                for (j, b) in four.iter_mut().enumerate() {
-                    *b = (w >> (16 * j)) as u16;
+        let mut words = [0u64; CHUNK / HALVES];
+        let mut split = [0u16; CHUNK];
+        for (row, out) in row.chunks(CHUNK / HALVES).zip(out.chunks_mut(CHUNK)) {
+            let words = &mut words[..row.len()];
+            load_words(row, bytemuck::cast_slice_mut(words));
+            if self.mask != 0 {
+                words.iter_mut().for_each(|w| *w ^= self.mask);
+            }
+            let halves: &[u16] = if cfg!(target_endian = "little") {
+                // Value `4i + j` is bits `16j..` of word `i`: on a
+                // little-endian machine, half `4i + j` of the words' image.
+                bytemuck::cast_slice(words)
+            } else {
+                for (&w, four) in words.iter().zip(split.chunks_exact_mut(HALVES)) {
+                    for (j, b) in four.iter_mut().enumerate() {
+                        *b = (w >> (16 * j)) as u16;
+                    }
                 }
-            }
-            let bits = &bits[..out.len()];
-            bits.reinterpret_cast::<f16>().convert_to_f32_slice(out);
-        }
-    }
-
-    /// [`Codec::load`] of bf16: a bf16 is the top half of an `f32`, so
-    /// widening is a shift (a loop the compiler vectorizes).
-    #[inline]
-    fn load_bf16(self, row: &[AtomicU64], out: &mut [f32]) {
-        let whole = out.len() / HALVES;
-        let mut outs = out.chunks_exact_mut(HALVES);
-        for (word, four) in row.iter().zip(&mut outs) {
-            let w = word.load(Relaxed) ^ self.mask;
-            for (j, o) in four.iter_mut().enumerate() {
-                *o = f32::from_bits(((w >> (16 * j)) as u32) << 16);
-            }
-        }
-        let rest = outs.into_remainder();
-        if let Some(word) = row.get(whole).filter(|_| !rest.is_empty()) {
-            let w = word.load(Relaxed) ^ self.mask;
-            for (j, o) in rest.iter_mut().enumerate() {
-                *o = f32::from_bits(((w >> (16 * j)) as u32) << 16);
+                &split
+            };
+            let halves = &halves[..out.len()];
+            match self.dtype {
+                Dtype::F16 => halves.reinterpret_cast::<f16>().convert_to_f32_slice(out),
+                _ => {
+                    for (o, &h) in out.iter_mut().zip(halves) {
+                        *o = f32::from_bits(u32::from(h) << 16);
+                    }
+                }
             }
         }
     }
@@ -116,24 +118,48 @@ impl Codec {
     fn store_bf16(self, row: &[AtomicU64], src: &[f32]) {
         let round = |v: f32| {
             let bits = v.to_bits();
-            u64::from(bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16)
+            (bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16) as u16
         };
-        let mut srcs = src.chunks_exact(HALVES);
-        for (word, four) in row.iter().zip(&mut srcs) {
-            let w = four
-                .iter()
-                .enumerate()
-                .fold(0u64, |w, (j, &v)| w | (round(v) << (16 * j)));
-            word.store(w ^ self.mask, Relaxed);
+        let mut bits = [0u16; CHUNK];
+        let mut words = [0u64; CHUNK / HALVES];
+        for (row, src) in row.chunks(CHUNK / HALVES).zip(src.chunks(CHUNK)) {
+            for (b, &v) in bits.iter_mut().zip(src) {
+                *b = round(v);
+            }
+            self.store_chunk(row, &mut bits, src.len(), &mut words);
         }
-        let rest = srcs.remainder();
-        if let Some(word) = row.get(src.len() / HALVES).filter(|_| !rest.is_empty()) {
-            let pad = self.mask & 0xffff;
-            let w = (0..HALVES).fold(0u64, |w, j| {
-                w | (rest.get(j).map_or(pad, |&v| round(v)) << (16 * j))
-            });
-            word.store(w ^ self.mask, Relaxed);
+    }
+
+    /// Stores one chunk of halves, `bits[..used]`, into the words `row`
+    /// (at most `CHUNK / HALVES`), the rest of the last word padded with
+    /// the encoded initial value, through the stack buffer `words`.
+    #[inline]
+    fn store_chunk(
+        self,
+        row: &[AtomicU64],
+        bits: &mut [u16; CHUNK],
+        used: usize,
+        words: &mut [u64; CHUNK / HALVES],
+    ) {
+        bits[used..].fill((self.mask & 0xffff) as u16);
+        let words = &mut words[..row.len()];
+        if cfg!(target_endian = "little") {
+            // Value `4i + j` is bits `16j..` of word `i`: on a little-endian
+            // machine, half `4i + j` of the words' image.
+            let image: &mut [u16] = bytemuck::cast_slice_mut(words);
+            image.copy_from_slice(&bits[..image.len()]);
+        } else {
+            for (w, four) in words.iter_mut().zip(bits.chunks_exact(HALVES)) {
+                *w = four
+                    .iter()
+                    .enumerate()
+                    .fold(0u64, |w, (j, &b)| w | (u64::from(b) << (16 * j)));
+            }
         }
+        if self.mask != 0 {
+            words.iter_mut().for_each(|w| *w ^= self.mask);
+        }
+        store_words(row, bytemuck::cast_slice(words));
     }
 
     /// Overwrites a row: `row = src`, rounded to nearest even. Every value
@@ -171,8 +197,8 @@ impl Codec {
     /// its bits.
     #[inline]
     fn store_halves(self, row: &[AtomicU64], src: &[f32], adjust: impl Fn(usize, &mut [u16])) {
-        let pad = (self.mask & 0xffff) as u16;
         let mut bits = [0u16; CHUNK];
+        let mut packed = [0u64; CHUNK / HALVES];
         for (c, (words, src)) in row
             .chunks(CHUNK / HALVES)
             .zip(src.chunks(CHUNK))
@@ -188,14 +214,7 @@ impl Codec {
                     .convert_from_f32_slice(src),
             }
             adjust(c * CHUNK, used);
-            bits[src.len()..].fill(pad);
-            for (word, four) in words.iter().zip(bits.chunks_exact(HALVES)) {
-                let w = four
-                    .iter()
-                    .enumerate()
-                    .fold(0u64, |w, (j, &b)| w | (u64::from(b) << (16 * j)));
-                word.store(w ^ self.mask, Relaxed);
-            }
+            self.store_chunk(words, &mut bits, src.len(), &mut packed);
         }
     }
 
@@ -263,6 +282,7 @@ pub(crate) fn mix(mut z: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::Ordering::Relaxed;
 
     fn column(words: usize) -> Vec<AtomicU64> {
         (0..words).map(|_| AtomicU64::new(0)).collect()

@@ -16,8 +16,10 @@
 //! (non-atomic) read racing a write is undefined behaviour in the Rust memory
 //! model, so every access to row memory here is an atomic word load or store
 //! with [`Ordering::Relaxed`](std::sync::atomic::Ordering::Relaxed). On
-//! x86_64 a Relaxed 64-bit atomic load or store compiles to a plain `mov`,
-//! so this costs nothing over a plain copy.
+//! x86_64 each compiles to a plain `mov`, but the compiler may not merge
+//! them into vector loads, so rows are copied out ([`load_row`],
+//! [`load_row_xor`]) with the vector loads of `bulk`, which read as
+//! Relaxed word loads do.
 //! Kernels do no fencing and take no lock: the caller's seqlock provides the
 //! ordering (and the exclusion that read-modify-write kernels such as
 //! [`axpy_row`] rely on).
@@ -33,15 +35,17 @@
 //! Slices of mismatched length are a caller bug: kernels `debug_assert!` the
 //! lengths and otherwise process the common prefix without panicking.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-
+use super::bulk::{load_words, store_words};
 use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use wide::{f32x8, i32x8, CmpEq};
 
 /// Floats per SIMD block.
 const LANES: usize = 8;
 /// Row words per SIMD block (two floats per word).
 const BLOCK_WORDS: usize = LANES / 2;
+/// Words a kernel copies out through a stack buffer at a time.
+const STAGED_WORDS: usize = 32;
 /// Cache-line size assumed by [`prefetch_span`].
 const CACHE_LINE: usize = 64;
 
@@ -125,17 +129,21 @@ fn split_row(row: &[AtomicU64], len: usize) -> (&[AtomicU64], &[AtomicU64], usiz
 /// ignored.
 #[inline]
 pub fn load_row(row: &[AtomicU64], out: &mut [f32]) {
-    let (blocks, word_tail, n) = split_row(row, out.len());
-    let mut outs = out[..n].chunks_exact_mut(LANES);
-    for (w, o) in blocks.chunks_exact(BLOCK_WORDS).zip(&mut outs) {
-        o.copy_from_slice(&load_block(w).to_array());
-    }
-    for (w, o) in word_tail.iter().zip(outs.into_remainder().chunks_mut(2)) {
-        let (lo, hi) = unpack(w.load(Relaxed));
-        o[0] = lo;
-        if let Some(h) = o.get_mut(1) {
-            *h = hi;
+    let n = out.len().min(2 * row.len());
+    let whole = n / 2;
+    if cfg!(target_endian = "little") {
+        // Little-endian: the memory image of a word is its two floats in order.
+        load_words(
+            &row[..whole],
+            bytemuck::cast_slice_mut(&mut out[..2 * whole]),
+        );
+    } else {
+        for (w, o) in row[..whole].iter().zip(out.chunks_exact_mut(2)) {
+            (o[0], o[1]) = unpack(w.load(Relaxed));
         }
+    }
+    if n % 2 == 1 {
+        out[n - 1] = unpack(row[whole].load(Relaxed)).0;
     }
 }
 
@@ -145,14 +153,18 @@ pub fn load_row(row: &[AtomicU64], out: &mut [f32]) {
 /// `words_for_dim(dim)`. For odd `dim` the padding half is written as 0.
 #[inline]
 pub fn store_row(row: &[AtomicU64], src: &[f32]) {
-    let (blocks, word_tail, n) = split_row(row, src.len());
-    let srcs = src[..n].chunks_exact(LANES);
-    let src_tail = srcs.remainder();
-    for (w, s) in blocks.chunks_exact(BLOCK_WORDS).zip(srcs) {
-        store_block(w, lanes(s));
+    let n = src.len().min(2 * row.len());
+    let whole = n / 2;
+    if cfg!(target_endian = "little") {
+        // Little-endian: two floats in order are the memory image of a word.
+        store_words(&row[..whole], bytemuck::cast_slice(&src[..2 * whole]));
+    } else {
+        for (w, s) in row[..whole].iter().zip(src.chunks_exact(2)) {
+            w.store(pack(s[0], s[1]), Relaxed);
+        }
     }
-    for (w, s) in word_tail.iter().zip(src_tail.chunks(2)) {
-        w.store(pack(s[0], s.get(1).copied().unwrap_or(0.0)), Relaxed);
+    if n % 2 == 1 {
+        row[whole].store(pack(src[n - 1], 0.0), Relaxed);
     }
 }
 
@@ -174,12 +186,20 @@ pub fn load_row_xor(row: &[AtomicU64], mask: u64, out: &mut [f32]) {
     if mask == 0 {
         return load_row(row, out);
     }
-    let (_, _, n) = split_row(row, out.len());
-    for (w, o) in row.iter().zip(out[..n].chunks_mut(2)) {
-        let (lo, hi) = unpack(w.load(Relaxed) ^ mask);
-        o[0] = lo;
-        if let Some(h) = o.get_mut(1) {
-            *h = hi;
+    let n = out.len().min(2 * row.len());
+    let mut words = [0u64; STAGED_WORDS];
+    for (row, out) in row[..words_for_dim(n)]
+        .chunks(STAGED_WORDS)
+        .zip(out[..n].chunks_mut(2 * STAGED_WORDS))
+    {
+        let words = &mut words[..row.len()];
+        load_words(row, bytemuck::cast_slice_mut(words));
+        for (&w, o) in words.iter().zip(out.chunks_mut(2)) {
+            let (lo, hi) = unpack(w ^ mask);
+            o[0] = lo;
+            if let Some(h) = o.get_mut(1) {
+                *h = hi;
+            }
         }
     }
 }
@@ -191,13 +211,18 @@ pub fn store_row_xor(row: &[AtomicU64], mask: u64, src: &[f32]) {
     if mask == 0 {
         return store_row(row, src);
     }
-    let (_, _, n) = split_row(row, src.len());
-    for (w, s) in row.iter().zip(src[..n].chunks(2)) {
-        let hi = s
-            .get(1)
-            .copied()
-            .unwrap_or(f32::from_bits((mask >> 32) as u32));
-        w.store(pack(s[0], hi) ^ mask, Relaxed);
+    let n = src.len().min(2 * row.len());
+    let pad = f32::from_bits((mask >> 32) as u32);
+    let mut words = [0u64; STAGED_WORDS];
+    for (row, src) in row[..words_for_dim(n)]
+        .chunks(STAGED_WORDS)
+        .zip(src[..n].chunks(2 * STAGED_WORDS))
+    {
+        let words = &mut words[..row.len()];
+        for (w, s) in words.iter_mut().zip(src.chunks(2)) {
+            *w = pack(s[0], s.get(1).copied().unwrap_or(pad)) ^ mask;
+        }
+        store_words(row, bytemuck::cast_slice(words));
     }
 }
 

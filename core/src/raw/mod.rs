@@ -22,6 +22,8 @@
 //! - `rows`: the row arena (stable row ids, seqlocked rows, slot columns,
 //!   scores, free list);
 //! - `kernels`: vectorized row kernels and prefetch;
+//! - `bulk`: copies into and out of a row's atomic words with vector
+//!   loads and stores;
 //! - `codec`: how a column packs values of each dtype into its words;
 //! - `probe`: the group probe exposed for benchmarks (SIMD and scalar);
 //! - `pipeline`: the software pipeline batched operations walk their keys in;
@@ -36,6 +38,7 @@
 #![cfg_attr(not(feature = "raw"), allow(dead_code, unused_imports))]
 
 mod bound;
+mod bulk;
 mod codec;
 mod epoch;
 pub(crate) mod fs;

@@ -1,0 +1,266 @@
+//! Copying into and out of words that other threads may be reading or
+//! writing: the copies of a seqlock.
+//!
+//! A seqlock reader copies a row while a writer may be storing into it, then
+//! checks the row's version and retries if it changed; the writer stores
+//! while readers may be copying. In the Rust memory model both sides must be
+//! atomic accesses, and a loop of Relaxed `AtomicU64` loads or stores is
+//! what the compiler must emit one word at a time: it may not merge atomic
+//! accesses into vector ones. For a 64-value row that is 32 loads and 32
+//! stores a copy, about as many instructions as the whole probe.
+//!
+//! [`load_words`] and [`store_words`] copy with 16-byte SSE2 loads and
+//! stores instead (SSE2 is part of the x86_64 baseline), from inline
+//! assembly. The language leaves an `asm!` block's memory accesses to the
+//! hardware as long as the block behaves like operations Rust could
+//! perform; these behave like Relaxed atomic loads or stores of the words
+//! they cover. Each 16-byte access covers two aligned words and may tear
+//! between them, or within one, exactly as separate word accesses may
+//! interleave with another thread's: a copy that saw a concurrent write is
+//! one the caller's seqlock discards (the reader retries; writers hold the
+//! row's lock, so they never race each other). On x86_64 every store is
+//! ordered after the stores before it, so a row's stores still precede the
+//! release of its lock. Under Miri and on other architectures both copies
+//! are the word-by-word loops.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Words copied per assembly block (four 16-byte accesses).
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+const BLOCK: usize = 8;
+
+/// Copies `src` into the first `8 * src.len()` bytes of `dst` (each word in
+/// native byte order), as a seqlock reader may: every word is read as by a
+/// Relaxed atomic load, and one written meanwhile may read torn (module
+/// docs). Copies the common prefix if `dst` is shorter.
+#[inline]
+pub fn load_words(src: &[AtomicU64], dst: &mut [u8]) {
+    let words = src.len().min(dst.len() / 8);
+    let (src, dst) = (&src[..words], &mut dst[..words * 8]);
+    let done = load_vectors(src, dst);
+    for (word, bytes) in src[done..].iter().zip(dst[done * 8..].chunks_exact_mut(8)) {
+        bytes.copy_from_slice(&word.load(Relaxed).to_ne_bytes());
+    }
+}
+
+/// Overwrites `dst` with the first `8 * dst.len()` bytes of `src` (each
+/// word in native byte order), as a seqlock writer does: every word is
+/// written as by a Relaxed atomic store, and a reader copying meanwhile may
+/// see it torn (module docs). The caller holds the words' write lock.
+/// Copies the common prefix if `src` is shorter.
+#[inline]
+pub fn store_words(dst: &[AtomicU64], src: &[u8]) {
+    let words = dst.len().min(src.len() / 8);
+    let (dst, src) = (&dst[..words], &src[..words * 8]);
+    let done = store_vectors(dst, src);
+    for (word, bytes) in dst[done..].iter().zip(src[done * 8..].chunks_exact(8)) {
+        let bytes: [u8; 8] = bytes.try_into().expect("chunks of 8 bytes");
+        word.store(u64::from_ne_bytes(bytes), Relaxed);
+    }
+}
+
+/// Copies the leading words of `src` into `dst` (`8 * src.len()` bytes)
+/// with 16-byte loads and stores, and returns how many it copied (all but
+/// an odd last word).
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[inline(always)]
+fn load_vectors(src: &[AtomicU64], dst: &mut [u8]) -> usize {
+    debug_assert_eq!(dst.len(), src.len() * 8);
+    let mut done = 0;
+    while done + 2 <= src.len() {
+        let from = src[done..].as_ptr().cast::<u8>();
+        let to = dst[done * 8..].as_mut_ptr();
+        if done + BLOCK <= src.len() {
+            // SAFETY: `from` points to at least `BLOCK` words (64 bytes) of
+            // `src`, 8-aligned and valid for reads while `src` is borrowed;
+            // `to` to at least 64 bytes of `dst`, valid for writes and
+            // aliased by nothing else (`dst` is borrowed mutably, so it
+            // cannot overlap the shared `src`). The block reads exactly
+            // those bytes of `src`, as Relaxed atomic loads of its words
+            // (module docs), writes exactly those bytes of `dst`, and
+            // touches no stack or flags. `movdqu` needs SSE2, part of the
+            // x86_64 baseline, and no alignment.
+            unsafe { copy_64(from, to) };
+            done += BLOCK;
+        } else {
+            // SAFETY: as above, for two words (16 bytes) of each.
+            unsafe { copy_16(from, to) };
+            done += 2;
+        }
+    }
+    done
+}
+
+/// Copies the leading words of `src` (`8 * dst.len()` bytes) into `dst`
+/// with 16-byte loads and stores, and returns how many it copied (all but
+/// an odd last word).
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[inline(always)]
+fn store_vectors(dst: &[AtomicU64], src: &[u8]) -> usize {
+    debug_assert_eq!(src.len(), dst.len() * 8);
+    let mut done = 0;
+    while done + 2 <= dst.len() {
+        let from = src[done * 8..].as_ptr();
+        // Writing through a shared reference is what `AtomicU64` (an
+        // `UnsafeCell`) permits: its words may be written by any holder.
+        let to = dst[done..].as_ptr().cast::<u8>().cast_mut();
+        if done + BLOCK <= dst.len() {
+            // SAFETY: `from` points to at least 64 bytes of `src`, valid for
+            // reads and not written by anyone while `src` is borrowed; `to`
+            // to at least `BLOCK` words (64 bytes) of `dst`, 8-aligned, whose
+            // atomic words may be written through a shared reference. The
+            // block reads exactly those bytes of `src`, writes exactly those
+            // words of `dst`, as Relaxed atomic stores (module docs), and
+            // touches no stack or flags. `movdqu` needs SSE2, part of the
+            // x86_64 baseline, and no alignment.
+            unsafe { copy_64(from, to) };
+            done += BLOCK;
+        } else {
+            // SAFETY: as above, for 16 bytes of `src` and two words of `dst`.
+            unsafe { copy_16(from, to) };
+            done += 2;
+        }
+    }
+    done
+}
+
+/// Copies 64 bytes from `from` to `to` with four 16-byte loads, then four
+/// stores.
+///
+/// # Safety
+///
+/// `from` must be valid for reads and `to` for writes of 64 bytes, the two
+/// ranges must not overlap, and any access by another thread to either range
+/// must be atomic (the copy then behaves as Relaxed atomic accesses of its
+/// words; see the module docs).
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[inline(always)]
+unsafe fn copy_64(from: *const u8, to: *mut u8) {
+    // SAFETY: the caller's contract covers every byte the block touches;
+    // the block touches no stack and leaves the flags alone.
+    unsafe {
+        std::arch::asm!(
+            "movdqu {a}, xmmword ptr [{from}]",
+            "movdqu {b}, xmmword ptr [{from} + 16]",
+            "movdqu {c}, xmmword ptr [{from} + 32]",
+            "movdqu {d}, xmmword ptr [{from} + 48]",
+            "movdqu xmmword ptr [{to}], {a}",
+            "movdqu xmmword ptr [{to} + 16], {b}",
+            "movdqu xmmword ptr [{to} + 32], {c}",
+            "movdqu xmmword ptr [{to} + 48], {d}",
+            from = in(reg) from,
+            to = in(reg) to,
+            a = out(xmm_reg) _,
+            b = out(xmm_reg) _,
+            c = out(xmm_reg) _,
+            d = out(xmm_reg) _,
+            options(nostack, preserves_flags),
+        );
+    }
+}
+
+/// Copies 16 bytes from `from` to `to` with one load and one store.
+///
+/// # Safety
+///
+/// As for [`copy_64`], for 16 bytes.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[inline(always)]
+unsafe fn copy_16(from: *const u8, to: *mut u8) {
+    // SAFETY: as in `copy_64`.
+    unsafe {
+        std::arch::asm!(
+            "movdqu {a}, xmmword ptr [{from}]",
+            "movdqu xmmword ptr [{to}], {a}",
+            from = in(reg) from,
+            to = in(reg) to,
+            a = out(xmm_reg) _,
+            options(nostack, preserves_flags),
+        );
+    }
+}
+
+/// Without vector copies nothing is copied ahead of the word loop.
+#[cfg(not(all(target_arch = "x86_64", not(miri))))]
+#[inline(always)]
+fn load_vectors(_src: &[AtomicU64], _dst: &mut [u8]) -> usize {
+    0
+}
+
+/// Without vector copies nothing is copied ahead of the word loop.
+#[cfg(not(all(target_arch = "x86_64", not(miri))))]
+#[inline(always)]
+fn store_vectors(_dst: &[AtomicU64], _src: &[u8]) -> usize {
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `words` distinct words.
+    fn words(words: usize) -> Vec<AtomicU64> {
+        (0..words as u64)
+            .map(|i| AtomicU64::new(i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xA5))
+            .collect()
+    }
+
+    /// The native-order bytes of `words`.
+    fn image(words: &[AtomicU64]) -> Vec<u8> {
+        words
+            .iter()
+            .flat_map(|w| w.load(Relaxed).to_ne_bytes())
+            .collect()
+    }
+
+    /// Every length, at every offset of the byte side (which needs no
+    /// alignment), loads exactly the words, and nothing past them.
+    #[test]
+    fn loads_every_length_at_every_offset() {
+        for n in 0..40usize {
+            let src = words(n);
+            let want = image(&src);
+            for offset in 0..9 {
+                let mut dst = vec![0xEEu8; offset + n * 8 + 5];
+                load_words(&src, &mut dst[offset..offset + n * 8]);
+                assert!(dst[..offset].iter().all(|&b| b == 0xEE));
+                assert_eq!(&dst[offset..offset + n * 8], &want[..]);
+                assert!(dst[offset + n * 8..].iter().all(|&b| b == 0xEE));
+            }
+        }
+    }
+
+    /// Every length, from every offset of the byte side, stores exactly
+    /// the words, and leaves the words past them alone.
+    #[test]
+    fn stores_every_length_from_every_offset() {
+        for n in 0..40usize {
+            let want = image(&words(n));
+            for offset in 0..9 {
+                let mut src = vec![0xEEu8; offset];
+                src.extend_from_slice(&want);
+                let dst: Vec<AtomicU64> = (0..n + 3).map(|_| AtomicU64::new(7)).collect();
+                store_words(&dst[..n], &src[offset..]);
+                assert_eq!(image(&dst[..n]), want);
+                assert!(dst[n..].iter().all(|w| w.load(Relaxed) == 7));
+            }
+        }
+    }
+
+    /// A short byte side covers the whole words that fit.
+    #[test]
+    fn short_byte_sides_copy_the_common_prefix() {
+        let src: Vec<AtomicU64> = (1..=10u64).map(AtomicU64::new).collect();
+        let mut dst = [0u8; 8 * 3 + 7];
+        load_words(&src, &mut dst);
+        for (i, bytes) in dst[..24].chunks_exact(8).enumerate() {
+            assert_eq!(u64::from_ne_bytes(bytes.try_into().unwrap()), i as u64 + 1);
+        }
+        assert!(dst[24..].iter().all(|&b| b == 0));
+
+        let words: Vec<AtomicU64> = (0..10).map(|_| AtomicU64::new(0)).collect();
+        store_words(&words, &dst);
+        assert!((0..3).all(|i| words[i].load(Relaxed) == i as u64 + 1));
+        assert!(words[3..].iter().all(|w| w.load(Relaxed) == 0));
+    }
+}
