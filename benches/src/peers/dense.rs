@@ -5,8 +5,9 @@
 //! It gets the same treatment as dynemb's row arena, so the comparison is
 //! about hashing and nothing else:
 //! - the same row layout and kernels: rows are `words_for_dim(dim)`
-//!   `AtomicU64` words, read with `load_row`, written with `store_row`,
-//!   accumulated with `axpy_row` (Relaxed atomics, plain moves on x86_64);
+//!   `AtomicU64` words, read with `load_row`, written with `store_row`
+//!   (vector copies that behave as Relaxed atomic word accesses),
+//!   accumulated with `axpy_row` (Relaxed word atomics);
 //! - the same prefetching: the row [`PREFETCH_AHEAD`] keys ahead, as far
 //!   ahead as dynemb prefetches rows;
 //! - the same pages: each column comes from [`dynemb::raw::zeroed_words`],
@@ -19,8 +20,8 @@
 //! loads the value and slot rows into one buffer, runs the kernel and
 //! stores them back, as dynemb's `update_rows` moves a row through its
 //! scratch buffer. There is no lock: two threads writing one row at once may
-//! lose one write (the words are atomics, so this is well-defined, never a
-//! torn read). It is a cost reference, not a store: insert, remove and
+//! lose one write, and a read racing a write may mix words of the two
+//! (the accesses are atomic, so this is well-defined, and no word is torn). It is a cost reference, not a store: insert, remove and
 //! export mean nothing for it; `insert` still stores rows, for the prefill.
 
 use super::{row, row_mut, Spec, Store, System};

@@ -6,22 +6,28 @@
 //! while readers may be copying. In the Rust memory model both sides must be
 //! atomic accesses, and a loop of Relaxed `AtomicU64` loads or stores is
 //! what the compiler must emit one word at a time: it may not merge atomic
-//! accesses into vector ones. For a 64-value row that is 32 loads and 32
-//! stores a copy, about as many instructions as the whole probe.
+//! accesses into vector ones.
 //!
 //! [`load_words`] and [`store_words`] copy with 16-byte SSE2 loads and
-//! stores instead (SSE2 is part of the x86_64 baseline), from inline
+//! stores instead (SSE2 is part of the x86_64 baseline; the VEX encoding
+//! when the build enables AVX, so as not to mix encodings), from inline
 //! assembly. The language leaves an `asm!` block's memory accesses to the
-//! hardware as long as the block behaves like operations Rust could
-//! perform; these behave like Relaxed atomic loads or stores of the words
-//! they cover. Each 16-byte access covers two aligned words and may tear
-//! between them, or within one, exactly as separate word accesses may
-//! interleave with another thread's: a copy that saw a concurrent write is
-//! one the caller's seqlock discards (the reader retries; writers hold the
-//! row's lock, so they never race each other). On x86_64 every store is
-//! ordered after the stores before it, so a row's stores still precede the
-//! release of its lock. Under Miri and on other architectures both copies
-//! are the word-by-word loops.
+//! hardware, as long as the block behaves like operations Rust could
+//! perform. These behave like Relaxed atomic loads or stores of the words
+//! they cover, in some order: each 16-byte access covers two 8-aligned
+//! words, and x86_64 processors access an aligned 8-byte part of a wider
+//! SSE access whole (Intel and AMD document aligned 16-byte SSE accesses as
+//! single accesses on processors with AVX, and as at worst several accesses
+//! elsewhere). So a copy racing a write may mix words of two versions, as a
+//! loop of word accesses may, and never tears a word.
+//!
+//! Ordering is the seqlock's, as with word accesses: the blocks declare
+//! neither `nomem` nor `readonly`, so the compiler moves no memory access
+//! across them; a writer's stores follow its lock's acquiring fence and
+//! precede its Release of the lock, and a reader's loads sit between its
+//! Acquire load of the state and the Acquire fence before its second look.
+//! Under Miri and on other architectures both copies are word-by-word
+//! loops.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -79,7 +85,8 @@ fn load_vectors(src: &[AtomicU64], dst: &mut [u8]) -> usize {
             // those bytes of `src`, as Relaxed atomic loads of its words
             // (module docs), writes exactly those bytes of `dst`, and
             // touches no stack or flags. `movdqu` needs SSE2, part of the
-            // x86_64 baseline, and no alignment.
+            // x86_64 baseline (its VEX form AVX, which the build then
+            // enables), and no alignment.
             unsafe { copy_64(from, to) };
             done += BLOCK;
         } else {
@@ -106,13 +113,15 @@ fn store_vectors(dst: &[AtomicU64], src: &[u8]) -> usize {
         let to = dst[done..].as_ptr().cast::<u8>().cast_mut();
         if done + BLOCK <= dst.len() {
             // SAFETY: `from` points to at least 64 bytes of `src`, valid for
-            // reads and not written by anyone while `src` is borrowed; `to`
+            // reads and written by no one while `src` is borrowed (so it
+            // cannot overlap `dst`, whose words are written here); `to`
             // to at least `BLOCK` words (64 bytes) of `dst`, 8-aligned, whose
             // atomic words may be written through a shared reference. The
             // block reads exactly those bytes of `src`, writes exactly those
             // words of `dst`, as Relaxed atomic stores (module docs), and
             // touches no stack or flags. `movdqu` needs SSE2, part of the
-            // x86_64 baseline, and no alignment.
+            // x86_64 baseline (its VEX form AVX, which the build then
+            // enables), and no alignment.
             unsafe { copy_64(from, to) };
             done += BLOCK;
         } else {
@@ -122,6 +131,21 @@ fn store_vectors(dst: &[AtomicU64], src: &[u8]) -> usize {
         }
     }
     done
+}
+
+/// The 16-byte unaligned move: VEX-encoded when the build enables AVX, so
+/// that the block does not mix SSE and AVX encodings with the code around it.
+#[cfg(all(target_arch = "x86_64", not(miri), target_feature = "avx"))]
+macro_rules! movdqu {
+    () => {
+        "vmovdqu"
+    };
+}
+#[cfg(all(target_arch = "x86_64", not(miri), not(target_feature = "avx")))]
+macro_rules! movdqu {
+    () => {
+        "movdqu"
+    };
 }
 
 /// Copies 64 bytes from `from` to `to` with four 16-byte loads, then four
@@ -140,14 +164,14 @@ unsafe fn copy_64(from: *const u8, to: *mut u8) {
     // the block touches no stack and leaves the flags alone.
     unsafe {
         std::arch::asm!(
-            "movdqu {a}, xmmword ptr [{from}]",
-            "movdqu {b}, xmmword ptr [{from} + 16]",
-            "movdqu {c}, xmmword ptr [{from} + 32]",
-            "movdqu {d}, xmmword ptr [{from} + 48]",
-            "movdqu xmmword ptr [{to}], {a}",
-            "movdqu xmmword ptr [{to} + 16], {b}",
-            "movdqu xmmword ptr [{to} + 32], {c}",
-            "movdqu xmmword ptr [{to} + 48], {d}",
+            concat!(movdqu!(), " {a}, xmmword ptr [{from}]"),
+            concat!(movdqu!(), " {b}, xmmword ptr [{from} + 16]"),
+            concat!(movdqu!(), " {c}, xmmword ptr [{from} + 32]"),
+            concat!(movdqu!(), " {d}, xmmword ptr [{from} + 48]"),
+            concat!(movdqu!(), " xmmword ptr [{to}], {a}"),
+            concat!(movdqu!(), " xmmword ptr [{to} + 16], {b}"),
+            concat!(movdqu!(), " xmmword ptr [{to} + 32], {c}"),
+            concat!(movdqu!(), " xmmword ptr [{to} + 48], {d}"),
             from = in(reg) from,
             to = in(reg) to,
             a = out(xmm_reg) _,
@@ -170,8 +194,8 @@ unsafe fn copy_16(from: *const u8, to: *mut u8) {
     // SAFETY: as in `copy_64`.
     unsafe {
         std::arch::asm!(
-            "movdqu {a}, xmmword ptr [{from}]",
-            "movdqu xmmword ptr [{to}], {a}",
+            concat!(movdqu!(), " {a}, xmmword ptr [{from}]"),
+            concat!(movdqu!(), " xmmword ptr [{to}], {a}"),
             from = in(reg) from,
             to = in(reg) to,
             a = out(xmm_reg) _,
@@ -245,6 +269,19 @@ mod tests {
                 assert!(dst[n..].iter().all(|w| w.load(Relaxed) == 7));
             }
         }
+    }
+
+    /// A long byte side: only the words' bytes are written or read.
+    #[test]
+    fn long_byte_sides_copy_only_the_words() {
+        let src = words(5);
+        let mut dst = [0xEEu8; 8 * 5 + 20];
+        load_words(&src, &mut dst);
+        assert_eq!(&dst[..40], &image(&src)[..]);
+        assert!(dst[40..].iter().all(|&b| b == 0xEE));
+        let words: Vec<AtomicU64> = (0..5).map(|_| AtomicU64::new(0)).collect();
+        store_words(&words, &dst);
+        assert_eq!(image(&words), image(&src));
     }
 
     /// A short byte side covers the whole words that fit.

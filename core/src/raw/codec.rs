@@ -98,7 +98,9 @@ impl Codec {
                 }
                 &split
             };
-            let halves = &halves[..out.len()];
+            // The common prefix, should the lengths disagree.
+            let n = out.len().min(halves.len());
+            let (halves, out) = (&halves[..n], &mut out[..n]);
             match self.dtype {
                 Dtype::F16 => halves.reinterpret_cast::<f16>().convert_to_f32_slice(out),
                 _ => {
@@ -142,6 +144,9 @@ impl Codec {
         words: &mut [u64; CHUNK / HALVES],
     ) {
         bits[used..].fill((self.mask & 0xffff) as u16);
+        // The words the values reach (the common prefix, should the lengths
+        // disagree).
+        let row = &row[..used.div_ceil(HALVES).min(row.len())];
         let words = &mut words[..row.len()];
         if cfg!(target_endian = "little") {
             // Value `4i + j` is bits `16j..` of word `i`: on a little-endian
@@ -286,6 +291,26 @@ mod tests {
 
     fn column(words: usize) -> Vec<AtomicU64> {
         (0..words).map(|_| AtomicU64::new(0)).collect()
+    }
+
+    /// Halves of mismatched lengths copy the common prefix, as the kernels
+    /// do, without a panic.
+    #[test]
+    fn mismatched_halves_use_the_common_prefix() {
+        for dtype in [Dtype::F16, Dtype::Bf16] {
+            let codec = Codec::new(dtype, 0.0);
+            let row = column(1);
+            codec.store(&row, &[1.0, 2.0, 3.0, 4.0, 5.0]);
+            let mut out = [9.0f32; 6];
+            codec.load(&row, &mut out);
+            assert_eq!(out, [1.0, 2.0, 3.0, 4.0, 9.0, 9.0], "{dtype}");
+            let long = column(20);
+            codec.store(&long, &[1.0]);
+            assert!(long[1..].iter().all(|w| w.load(Relaxed) == 0), "{dtype}");
+            let mut out = vec![9.0f32; 70];
+            codec.load(&row, &mut out);
+            assert_eq!(&out[..5], [1.0, 2.0, 3.0, 4.0, 9.0], "{dtype}");
+        }
     }
 
     fn round_trip(codec: Codec, src: &[f32]) -> Vec<f32> {

@@ -14,12 +14,13 @@
 //! A row may be copied by a reader while a writer updates it under the row's
 //! seqlock; the reader then discards the copy and retries. Even so, a plain
 //! (non-atomic) read racing a write is undefined behaviour in the Rust memory
-//! model, so every access to row memory here is an atomic word load or store
-//! with [`Ordering::Relaxed`](std::sync::atomic::Ordering::Relaxed). On
-//! x86_64 each compiles to a plain `mov`, but the compiler may not merge
-//! them into vector loads, so rows are copied out ([`load_row`],
-//! [`load_row_xor`]) with the vector loads of `bulk`, which read as
-//! Relaxed word loads do.
+//! model, so every access to row memory here is atomic: rows are copied in
+//! and out ([`load_row`], [`store_row`] and their XOR-encoded forms) with the
+//! vector copies of `bulk`, which behave as Relaxed atomic word accesses
+//! (the compiler may not merge atomic accesses into vector ones itself), and
+//! the read-modify-write kernels ([`axpy_row`], [`add_row_if_finite`]) load
+//! and store words with
+//! [`Ordering::Relaxed`](std::sync::atomic::Ordering::Relaxed).
 //! Kernels do no fencing and take no lock: the caller's seqlock provides the
 //! ordering (and the exclusion that read-modify-write kernels such as
 //! [`axpy_row`] rely on).
@@ -129,6 +130,7 @@ fn split_row(row: &[AtomicU64], len: usize) -> (&[AtomicU64], &[AtomicU64], usiz
 /// ignored.
 #[inline]
 pub fn load_row(row: &[AtomicU64], out: &mut [f32]) {
+    debug_assert_eq!(row.len(), words_for_dim(out.len()), "row words vs dim");
     let n = out.len().min(2 * row.len());
     let whole = n / 2;
     if cfg!(target_endian = "little") {
@@ -153,6 +155,7 @@ pub fn load_row(row: &[AtomicU64], out: &mut [f32]) {
 /// `words_for_dim(dim)`. For odd `dim` the padding half is written as 0.
 #[inline]
 pub fn store_row(row: &[AtomicU64], src: &[f32]) {
+    debug_assert_eq!(row.len(), words_for_dim(src.len()), "row words vs dim");
     let n = src.len().min(2 * row.len());
     let whole = n / 2;
     if cfg!(target_endian = "little") {
@@ -186,6 +189,7 @@ pub fn load_row_xor(row: &[AtomicU64], mask: u64, out: &mut [f32]) {
     if mask == 0 {
         return load_row(row, out);
     }
+    debug_assert_eq!(row.len(), words_for_dim(out.len()), "row words vs dim");
     let n = out.len().min(2 * row.len());
     let mut words = [0u64; STAGED_WORDS];
     for (row, out) in row[..words_for_dim(n)]
@@ -211,6 +215,7 @@ pub fn store_row_xor(row: &[AtomicU64], mask: u64, src: &[f32]) {
     if mask == 0 {
         return store_row(row, src);
     }
+    debug_assert_eq!(row.len(), words_for_dim(src.len()), "row words vs dim");
     let n = src.len().min(2 * row.len());
     let pad = f32::from_bits((mask >> 32) as u32);
     let mut words = [0u64; STAGED_WORDS];
@@ -566,7 +571,7 @@ mod tests {
 
     #[test]
     fn xor_rows_read_zeroed_memory_as_the_initial_value() {
-        for dim in [1, 2, 7, 8, 9, 33] {
+        for dim in [1, 2, 7, 8, 9, 33, 65, 130, 256] {
             for initial in [0.0f32, 0.1, -2.5] {
                 let mask = xor_mask(initial);
                 let row: Vec<AtomicU64> =
