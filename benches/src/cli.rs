@@ -120,7 +120,7 @@ pub struct Cli {
 }
 
 /// The names `--systems` knows.
-const SYSTEM_NAMES: [&str; 7] = [
+const SYSTEM_NAMES: [&str; 8] = [
     "dynemb",
     "dynemb-bf16",
     "dashmap",
@@ -128,6 +128,7 @@ const SYSTEM_NAMES: [&str; 7] = [
     "scc",
     "hashbrown",
     "dense",
+    "dense-indirect",
 ];
 
 impl Cli {

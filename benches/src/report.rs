@@ -334,7 +334,18 @@ impl Figures<'_> {
 
     /// `system` / dense reference at `op`.
     pub fn system_vs_dense(&self, system: System, op: Op, threads: usize) -> Option<f64> {
-        Some(self.get(system, op, threads)? / self.get(System::Dense, op, threads)?)
+        self.system_vs(system, System::Dense, op, threads)
+    }
+
+    /// `system` / `reference` at `op`.
+    pub fn system_vs(
+        &self,
+        system: System,
+        reference: System,
+        op: Op,
+        threads: usize,
+    ) -> Option<f64> {
+        Some(self.get(system, op, threads)? / self.get(reference, op, threads)?)
     }
 }
 
@@ -419,6 +430,10 @@ impl Report {
         if bf16 {
             header.push("dynemb-bf16/dense".into());
         }
+        let indirect = systems.contains(&System::DenseIndirect);
+        if indirect {
+            header.push("dynemb/dense-indirect".into());
+        }
         let mut rows = Vec::new();
         for op in Op::ALL.into_iter().filter(|op| c.ops.contains(op)) {
             let threads: &[usize] = if op == Op::Export {
@@ -442,6 +457,14 @@ impl Report {
                 row.push(ratio(f.vs_dense(op, t)));
                 if bf16 {
                     row.push(ratio(f.system_vs_dense(System::DynembBf16, op, t)));
+                }
+                if indirect {
+                    row.push(ratio(f.system_vs(
+                        System::Dynemb,
+                        System::DenseIndirect,
+                        op,
+                        t,
+                    )));
                 }
                 rows.push(row);
             }

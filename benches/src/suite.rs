@@ -163,7 +163,7 @@ pub fn run(plan: &Plan, progress: &Progress) -> Results {
             results.runs.push(run);
         }
         if config.resize {
-            for &system in plan.systems.iter().filter(|s| **s != System::Dense) {
+            for &system in plan.systems.iter().filter(|s| s.measures(Op::Insert)) {
                 progress.note(format_args!("{}: resize under load", system.name()));
                 release_free_memory();
                 results.resize.push(resize_under_load(system, &w));

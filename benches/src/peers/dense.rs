@@ -92,6 +92,33 @@ impl Dense {
         }
     }
 
+    /// Copies the values of row `r` into `dst`, or the initializer's row of
+    /// `key` if `r` is [`NO_ROW`].
+    #[inline]
+    pub(super) fn gather_one(&self, key: u64, r: u32, dst: &mut [f32]) {
+        if r == NO_ROW {
+            self.init.fill(key, dst);
+        } else {
+            load_row(self.row(0, r), dst);
+        }
+    }
+
+    /// Prefetches the value row `r` (nothing for [`NO_ROW`]).
+    #[inline]
+    pub(super) fn prefetch_values(&self, r: u32) {
+        if r != NO_ROW {
+            let at = self.columns[0]
+                .as_ptr()
+                .wrapping_add(r as usize * self.stride);
+            prefetch_span(at, self.stride * 8);
+        }
+    }
+
+    /// Values per row.
+    pub(super) fn dim(&self) -> usize {
+        self.dim
+    }
+
     /// Runs `f(i, row)` on the value row of every stored key of the batch,
     /// with prefetching.
     #[inline]
@@ -117,12 +144,7 @@ impl Store for Dense {
     fn lookup(&self, batch: Batch<'_>, out: &mut [f32]) {
         for (i, (&key, &r)) in batch.keys.iter().zip(batch.rows).enumerate() {
             self.prefetch_ahead(batch.rows, i);
-            let dst = row_mut(out, self.dim, i);
-            if r == NO_ROW {
-                self.init.fill(key, dst);
-            } else {
-                load_row(self.row(0, r), dst);
-            }
+            self.gather_one(key, r, row_mut(out, self.dim, i));
         }
     }
 

@@ -16,6 +16,7 @@
 //! | [`scc`] | `scc::HashMap<u64, Box<[f32]>>`, its sync API, per key | `update_sync` running the kernel |
 //! | [`hashbrown`] | `RwLock<hashbrown::HashMap<u64, Box<[f32]>>>`, one lock per batch | none |
 //! | [`dense`] | rows in one huge-page array by precomputed row index | one such array per column |
+//! | [`dense_indirect`] | the same rows, each found by first reading its index from a scrambled array | none (lookups only) |
 //!
 //! Every hash map uses ahash with fixed seeds ([`hasher`], the hash dynemb
 //! uses internally), so no peer pays for a slower hasher. The peers store
@@ -31,6 +32,7 @@
 
 pub mod dashmap;
 pub mod dense;
+pub mod dense_indirect;
 pub mod dynemb;
 pub mod hashbrown;
 pub mod papaya;
@@ -229,11 +231,14 @@ pub enum System {
     /// The dense reference: no hashing at all.
     #[serde(rename = "dense")]
     Dense,
+    /// The dense reference behind one random read of the row's index.
+    #[serde(rename = "dense-indirect")]
+    DenseIndirect,
 }
 
 impl System {
     /// Every system, in report order.
-    pub const ALL: [System; 7] = [
+    pub const ALL: [System; 8] = [
         System::Dynemb,
         System::DynembBf16,
         System::DashMap,
@@ -241,6 +246,7 @@ impl System {
         System::Scc,
         System::HashbrownRwLock,
         System::Dense,
+        System::DenseIndirect,
     ];
 
     /// Name in tables, JSON and on the command line.
@@ -253,6 +259,7 @@ impl System {
             System::Scc => "scc",
             System::HashbrownRwLock => "hashbrown+RwLock",
             System::Dense => "dense",
+            System::DenseIndirect => "dense-indirect",
         }
     }
 
@@ -265,18 +272,23 @@ impl System {
     }
 
     /// True for the hash maps dynemb is compared with (not dynemb, not the
-    /// dense reference).
+    /// dense references).
     pub fn is_peer(self) -> bool {
-        !matches!(self, System::Dynemb | System::DynembBf16 | System::Dense)
+        !matches!(
+            self,
+            System::Dynemb | System::DynembBf16 | System::Dense | System::DenseIndirect
+        )
     }
 
     /// Whether this system runs `op` at all: the dense reference has no
     /// insert, remove or export (it neither grows nor has keys);
-    /// hashbrown+RwLock runs no optimizer step. The report prints "-" for
-    /// the missing figures.
+    /// hashbrown+RwLock runs no optimizer step; the indirect dense reference
+    /// runs only lookups of stored keys. The report prints "-" for the
+    /// missing figures.
     pub fn measures(self, op: Op) -> bool {
         match self {
             System::Dense => !matches!(op, Op::Insert | Op::Remove | Op::Export),
+            System::DenseIndirect => matches!(op, Op::LookupHit | Op::LookupHitZipf),
             System::HashbrownRwLock => !op.is_apply(),
             _ => true,
         }
@@ -292,11 +304,13 @@ impl System {
             System::Scc => Box::new(scc::SccPeer::new(spec)),
             System::HashbrownRwLock => Box::new(hashbrown::HashbrownPeer::new(spec)),
             System::Dense => Box::new(dense::Dense::new(spec, &[])),
+            System::DenseIndirect => Box::new(dense_indirect::DenseIndirect::new(spec)),
         }
     }
 
     /// An empty table of this system for `spec` trained by `optimizer`
-    /// (`None` for hashbrown+RwLock, which runs no optimizer step).
+    /// (`None` for hashbrown+RwLock and the indirect dense reference, which
+    /// run no optimizer step).
     pub fn trainer(self, optimizer: Optimizer, spec: &Spec) -> Option<Box<dyn Trainer>> {
         match optimizer {
             Optimizer::Sgd => self.trainer_with(optimizer, sgd(), spec),
@@ -333,7 +347,7 @@ impl System {
                 optimizer, params, spec,
             )),
             System::Scc => Box::new(Stepped::<scc::SccPeer, R>::new(optimizer, params, spec)),
-            System::HashbrownRwLock => return None,
+            System::HashbrownRwLock | System::DenseIndirect => return None,
         })
     }
 }
