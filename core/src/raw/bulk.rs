@@ -72,30 +72,11 @@ pub fn store_words(dst: &[AtomicU64], src: &[u8]) {
 #[inline(always)]
 fn load_vectors(src: &[AtomicU64], dst: &mut [u8]) -> usize {
     debug_assert_eq!(dst.len(), src.len() * 8);
-    let mut done = 0;
-    while done + 2 <= src.len() {
-        let from = src[done..].as_ptr().cast::<u8>();
-        let to = dst[done * 8..].as_mut_ptr();
-        if done + BLOCK <= src.len() {
-            // SAFETY: `from` points to at least `BLOCK` words (64 bytes) of
-            // `src`, 8-aligned and valid for reads while `src` is borrowed;
-            // `to` to at least 64 bytes of `dst`, valid for writes and
-            // aliased by nothing else (`dst` is borrowed mutably, so it
-            // cannot overlap the shared `src`). The block reads exactly
-            // those bytes of `src`, as Relaxed atomic loads of its words
-            // (module docs), writes exactly those bytes of `dst`, and
-            // touches no stack or flags. `movdqu` needs SSE2, part of the
-            // x86_64 baseline (its VEX form AVX, which the build then
-            // enables), and no alignment.
-            unsafe { copy_64(from, to) };
-            done += BLOCK;
-        } else {
-            // SAFETY: as above, for two words (16 bytes) of each.
-            unsafe { copy_16(from, to) };
-            done += 2;
-        }
-    }
-    done
+    // SAFETY: `src` is valid for reads of `8 * src.len()` bytes, 8-aligned,
+    // and other threads access it only atomically; `dst` is valid for
+    // writes of as many bytes and aliased by nothing else (it is borrowed
+    // mutably, so it cannot overlap the shared `src`).
+    unsafe { copy_vectors(src.as_ptr().cast(), dst.as_mut_ptr(), src.len()) }
 }
 
 /// Copies the leading words of `src` (`8 * dst.len()` bytes) into `dst`
@@ -105,29 +86,45 @@ fn load_vectors(src: &[AtomicU64], dst: &mut [u8]) -> usize {
 #[inline(always)]
 fn store_vectors(dst: &[AtomicU64], src: &[u8]) -> usize {
     debug_assert_eq!(src.len(), dst.len() * 8);
+    // Writing through a shared reference is what `AtomicU64` (an
+    // `UnsafeCell`) permits: its words may be written by any holder.
+    let to = dst.as_ptr().cast::<u8>().cast_mut();
+    // SAFETY: `src` is valid for reads of `8 * dst.len()` bytes and written
+    // by no one while it is borrowed, so it cannot overlap `dst`, whose
+    // words are written here; `dst` is valid for writes of as many bytes
+    // through `to`, 8-aligned, and other threads access it only atomically.
+    unsafe { copy_vectors(src.as_ptr(), to, dst.len()) }
+}
+
+/// Copies `words` words (all but an odd last one) from `from` to `to`, 64
+/// bytes a block while it can and then 16, and returns how many it copied.
+///
+/// # Safety
+///
+/// `from` must be valid for reads and `to` for writes of `8 * words`
+/// bytes, at least one of them 8-aligned (the atomic side), the two ranges
+/// must not overlap, and any access by another thread to either range must
+/// be atomic (the copy then behaves as Relaxed atomic accesses of its
+/// words; see the module docs).
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[inline(always)]
+unsafe fn copy_vectors(from: *const u8, to: *mut u8, words: usize) -> usize {
     let mut done = 0;
-    while done + 2 <= dst.len() {
-        let from = src[done * 8..].as_ptr();
-        // Writing through a shared reference is what `AtomicU64` (an
-        // `UnsafeCell`) permits: its words may be written by any holder.
-        let to = dst[done..].as_ptr().cast::<u8>().cast_mut();
-        if done + BLOCK <= dst.len() {
-            // SAFETY: `from` points to at least 64 bytes of `src`, valid for
-            // reads and written by no one while `src` is borrowed (so it
-            // cannot overlap `dst`, whose words are written here); `to`
-            // to at least `BLOCK` words (64 bytes) of `dst`, 8-aligned, whose
-            // atomic words may be written through a shared reference. The
-            // block reads exactly those bytes of `src`, writes exactly those
-            // words of `dst`, as Relaxed atomic stores (module docs), and
-            // touches no stack or flags. `movdqu` needs SSE2, part of the
-            // x86_64 baseline (its VEX form AVX, which the build then
-            // enables), and no alignment.
-            unsafe { copy_64(from, to) };
-            done += BLOCK;
-        } else {
-            // SAFETY: as above, for 16 bytes of `src` and two words of `dst`.
-            unsafe { copy_16(from, to) };
-            done += 2;
+    while done + 2 <= words {
+        // SAFETY: `done * 8` and the bytes past it up to `8 * words` lie in
+        // both ranges, which the caller vouches for; `copy_64` reads and
+        // writes 64 of them, `copy_16` 16. `movdqu` needs SSE2, part of the
+        // x86_64 baseline (its VEX form AVX, which the build then enables),
+        // and no alignment.
+        unsafe {
+            let (from, to) = (from.add(done * 8), to.add(done * 8));
+            if done + BLOCK <= words {
+                copy_64(from, to);
+                done += BLOCK;
+            } else {
+                copy_16(from, to);
+                done += 2;
+            }
         }
     }
     done
