@@ -37,7 +37,7 @@ use std::path::PathBuf;
 #[derive(Debug, Parser)]
 #[command(
     name = "compare",
-    about = "dynemb, its peers and the dense reference on one workload, one system after another",
+    about = "dynemb, its peers and the dense references on one workload, one system after another",
     long_about = None
 )]
 pub struct Cli {

@@ -7,8 +7,8 @@
 //! `compare` runs one workload on every system, one system after another
 //! in one process (each is dropped, and the allocator's free memory
 //! returned to the OS, before the next is built), and prints keys/s per
-//! system with the ratios dynemb / best peer and dynemb / dense reference,
-//! measured in the same run. `train` times training steps of dynemb's
+//! system with the ratios dynemb / best peer, dynemb / dense reference and
+//! dynemb / indirect dense reference, measured in the same run. `train` times training steps of dynemb's
 //! candle layers against the hashing trick with candle-nn ([`train`]).
 //!
 //! Modules, each owning one thing:

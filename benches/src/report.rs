@@ -2,8 +2,9 @@
 //!
 //! [`Report`] holds everything `compare` measured; [`Report::render`] prints
 //! it as Markdown tables (keys/s in millions per system, with dynemb / best
-//! peer and dynemb / dense for each op, all measured in the same run; resize
-//! under load; checkpoints; memory), and `serde_json` writes the same
+//! peer, dynemb / dense, dynemb-bf16 / dense and dynemb / dense-indirect
+//! for each op, each when its systems ran, all measured in the same run;
+//! resize under load; checkpoints; memory), and `serde_json` writes the same
 //! figures.
 
 use crate::checkpoint::CheckpointRow;

@@ -430,7 +430,10 @@ fn run_destructive(
     let name = system.name();
     let dim = w.dim();
     let destructive = [Op::Insert, Op::LookupMissNormal, Op::Remove];
-    if destructive.iter().any(|op| config.ops.contains(op)) {
+    if destructive
+        .iter()
+        .any(|&op| config.ops.contains(&op) && system.measures(op))
+    {
         for &threads in &plan.threads {
             let mut scratch = scratch(threads, w);
             for _ in 0..plan.destructive_repeats {

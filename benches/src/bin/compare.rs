@@ -1,4 +1,4 @@
-//! `compare`: dynemb, its peers and the dense reference on one workload, in
+//! `compare`: dynemb, its peers and the dense references on one workload, in
 //! one process, one system after another.
 //!
 //! ```text

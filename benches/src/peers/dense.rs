@@ -20,8 +20,8 @@
 //! loads the value and slot rows into one buffer, runs the kernel and
 //! stores them back, as dynemb's `update_rows` moves a row through its
 //! scratch buffer. There is no lock: two threads writing one row at once may
-//! lose one write, and a read racing a write may mix words of the two
-//! (the accesses are atomic, so this is well-defined, and no word is torn). It is a cost reference, not a store: insert, remove and
+//! lose one write, and a read racing a write may mix words of the
+//! two (the accesses are atomic, so this is well-defined). It is a cost reference, not a store: insert, remove and
 //! export mean nothing for it; `insert` still stores rows, for the prefill.
 
 use super::{row, row_mut, Spec, Store, System};
@@ -83,12 +83,20 @@ impl Dense {
     #[inline]
     fn prefetch_ahead(&self, rows: &[u32], i: usize) {
         if let Some(&r) = rows.get(i + PREFETCH_AHEAD) {
-            if r != NO_ROW {
-                for column in &self.columns {
-                    let at = column.as_ptr().wrapping_add(r as usize * self.stride);
-                    prefetch_span(at, self.stride * 8);
-                }
+            for column in 0..self.columns.len() {
+                self.prefetch_row(column, r);
             }
+        }
+    }
+
+    /// Prefetches row `r` of column `column` (nothing for [`NO_ROW`]).
+    #[inline]
+    fn prefetch_row(&self, column: usize, r: u32) {
+        if r != NO_ROW {
+            let at = self.columns[column]
+                .as_ptr()
+                .wrapping_add(r as usize * self.stride);
+            prefetch_span(at, self.stride * 8);
         }
     }
 
@@ -106,12 +114,7 @@ impl Dense {
     /// Prefetches the value row `r` (nothing for [`NO_ROW`]).
     #[inline]
     pub(super) fn prefetch_values(&self, r: u32) {
-        if r != NO_ROW {
-            let at = self.columns[0]
-                .as_ptr()
-                .wrapping_add(r as usize * self.stride);
-            prefetch_span(at, self.stride * 8);
-        }
+        self.prefetch_row(0, r);
     }
 
     /// Values per row.

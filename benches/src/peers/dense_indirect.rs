@@ -18,9 +18,10 @@ use std::sync::atomic::Ordering::Relaxed;
 /// How many keys ahead a row index is prefetched: the row itself is
 /// prefetched [`PREFETCH_AHEAD`] keys ahead, once its index is read.
 const INDEX_AHEAD: usize = 2 * PREFETCH_AHEAD;
-/// Keys in flight between the two stages (a power of two above
-/// `INDEX_AHEAD`).
+/// Row indices kept between the two stages: an index read for key `j` is
+/// used `INDEX_AHEAD - PREFETCH_AHEAD` keys later, so more than that many.
 const RING: usize = 32;
+const _: () = assert!(RING > INDEX_AHEAD - PREFETCH_AHEAD);
 /// An odd multiplier: `r * SCRAMBLE` modulo a power of two is a bijection.
 const SCRAMBLE: usize = 0x9E37_79B9_7F4A_7C15_u64 as usize;
 
@@ -34,7 +35,7 @@ pub struct DenseIndirect {
 impl DenseIndirect {
     /// Room for `spec.dense_rows` rows, and their indices.
     pub fn new(spec: &Spec) -> Self {
-        let len = spec.dense_rows.next_power_of_two().max(1);
+        let len = spec.dense_rows.next_power_of_two();
         let table = DenseIndirect {
             dense: Dense::new(spec, &[]),
             indices: zeroed_words(len),

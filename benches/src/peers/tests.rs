@@ -267,3 +267,43 @@ fn names_round_trip() {
         "four peers"
     );
 }
+
+/// The indirect dense reference's pipeline, over batches longer than its
+/// distances (so its ring of keys in flight wraps) with missing keys among
+/// the stored ones, reads what the dense reference reads.
+#[test]
+fn dense_indirect_reads_what_dense_reads() {
+    let w = workload();
+    let init = Initializer::Constant(0.5);
+    let dense = System::Dense.build(&spec(init.clone()));
+    let indirect = System::DenseIndirect.build(&spec(init));
+    let all = w.keys.batch(0..w.keys.len());
+    let v = values(1, all.len());
+    dense.insert(all, &v);
+    indirect.insert(all, &v);
+    let mixed = Picks {
+        keys: w
+            .uniform
+            .keys
+            .iter()
+            .zip(&w.misses.keys)
+            .flat_map(|(&a, &b)| [a, a, b])
+            .collect(),
+        rows: w
+            .uniform
+            .rows
+            .iter()
+            .zip(&w.misses.rows)
+            .flat_map(|(&a, &b)| [a, a, b])
+            .collect(),
+    };
+    assert!(mixed.len() > 100 && mixed.rows.contains(&NO_ROW));
+    for len in [1, 13, 25, 100, mixed.len()] {
+        let b = mixed.batch(0..len);
+        assert_eq!(
+            lookup(indirect.as_ref(), b),
+            lookup(dense.as_ref(), b),
+            "{len} keys"
+        );
+    }
+}

@@ -13,21 +13,25 @@
 //! when the build enables AVX, so as not to mix encodings), from inline
 //! assembly. The language leaves an `asm!` block's memory accesses to the
 //! hardware, as long as the block behaves like operations Rust could
-//! perform. These behave like Relaxed atomic loads or stores of the words
-//! they cover, in some order: each 16-byte access covers two 8-aligned
-//! words, and x86_64 processors access an aligned 8-byte part of a wider
-//! SSE access whole (Intel and AMD document aligned 16-byte SSE accesses as
-//! single accesses on processors with AVX, and as at worst several accesses
-//! elsewhere). So a copy racing a write may mix words of two versions, as a
-//! loop of word accesses may, and never tears a word.
+//! perform. These blocks are taken to behave like Relaxed atomic loads or
+//! stores of the words they cover, in some order, and that rests on one
+//! assumption about the hardware: an x86_64 processor reads or writes each
+//! 8-byte-aligned half of a 16-byte SSE access whole. Intel and AMD document
+//! 16-byte-aligned SSE accesses as single accesses on processors with AVX;
+//! for the rest their manuals say only that an access wider than 8 bytes
+//! may be carried out as several accesses, and none is known to split an
+//! aligned 8-byte part. So a copy racing a write may mix words of two
+//! versions, as a loop of word accesses may. Were a word torn all the same,
+//! the copy would be one that raced a write, which the caller's seqlock
+//! discards.
 //!
 //! Ordering is the seqlock's, as with word accesses: the blocks declare
 //! neither `nomem` nor `readonly`, so the compiler moves no memory access
-//! across them; a writer's stores follow its lock's acquiring fence and
-//! precede its Release of the lock, and a reader's loads sit between its
-//! Acquire load of the state and the Acquire fence before its second look.
-//! Under Miri and on other architectures both copies are word-by-word
-//! loops.
+//! across them; a writer's stores come after the fence that follows its
+//! lock's CAS and before its Release of the lock, and a reader's loads sit
+//! between its Acquire load of the state and the Acquire fence before its
+//! second look. Under Miri and on other architectures both copies are
+//! word-by-word loops, so Miri never runs the assembly.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -37,8 +41,8 @@ const BLOCK: usize = 8;
 
 /// Copies `src` into the first `8 * src.len()` bytes of `dst` (each word in
 /// native byte order), as a seqlock reader may: every word is read as by a
-/// Relaxed atomic load, and one written meanwhile may read torn (module
-/// docs). Copies the common prefix if `dst` is shorter.
+/// Relaxed atomic load, so a copy racing a write may mix words of two
+/// versions (module docs). Copies the common prefix if `dst` is shorter.
 #[inline]
 pub fn load_words(src: &[AtomicU64], dst: &mut [u8]) {
     let words = src.len().min(dst.len() / 8);
@@ -51,8 +55,9 @@ pub fn load_words(src: &[AtomicU64], dst: &mut [u8]) {
 
 /// Overwrites `dst` with the first `8 * dst.len()` bytes of `src` (each
 /// word in native byte order), as a seqlock writer does: every word is
-/// written as by a Relaxed atomic store, and a reader copying meanwhile may
-/// see it torn (module docs). The caller holds the words' write lock.
+/// written as by a Relaxed atomic store, so a reader copying meanwhile may
+/// see words of two versions (module docs). The caller holds the words'
+/// write lock.
 /// Copies the common prefix if `src` is shorter.
 #[inline]
 pub fn store_words(dst: &[AtomicU64], src: &[u8]) {

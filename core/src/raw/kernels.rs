@@ -45,7 +45,7 @@ use wide::{f32x8, i32x8, CmpEq};
 const LANES: usize = 8;
 /// Row words per SIMD block (two floats per word).
 const BLOCK_WORDS: usize = LANES / 2;
-/// Words a kernel copies out through a stack buffer at a time.
+/// Words an XOR-encoded row is staged through, on the stack, at a time.
 const STAGED_WORDS: usize = 32;
 /// Cache-line size assumed by [`prefetch_span`].
 const CACHE_LINE: usize = 64;
