@@ -20,9 +20,10 @@
 //! loads the value and slot rows into one buffer, runs the kernel and
 //! stores them back, as dynemb's `update_rows` moves a row through its
 //! scratch buffer. There is no lock: two threads writing one row at once may
-//! lose one write, and a read racing a write may mix words of the
-//! two (the accesses are atomic, so this is well-defined). It is a cost reference, not a store: insert, remove and
-//! export mean nothing for it; `insert` still stores rows, for the prefill.
+//! lose one write, and a read racing a write may mix words of the two (the
+//! accesses are atomic, so this is well-defined). It is a cost reference,
+//! not a store: insert, remove and export mean nothing for it; `insert`
+//! still stores rows, for the prefill.
 
 use super::{row, row_mut, Spec, Store, System};
 use crate::apply::SlotRows;
@@ -89,9 +90,10 @@ impl Dense {
         }
     }
 
-    /// Prefetches row `r` of column `column` (nothing for [`NO_ROW`]).
+    /// Prefetches row `r` of column `column` (0: the values, 1 + j: slot
+    /// j; nothing for [`NO_ROW`]).
     #[inline]
-    fn prefetch_row(&self, column: usize, r: u32) {
+    pub(super) fn prefetch_row(&self, column: usize, r: u32) {
         if r != NO_ROW {
             let at = self.columns[column]
                 .as_ptr()
@@ -109,12 +111,6 @@ impl Dense {
         } else {
             load_row(self.row(0, r), dst);
         }
-    }
-
-    /// Prefetches the value row `r` (nothing for [`NO_ROW`]).
-    #[inline]
-    pub(super) fn prefetch_values(&self, r: u32) {
-        self.prefetch_row(0, r);
     }
 
     /// Values per row.

@@ -81,7 +81,7 @@ impl Store for DenseIndirect {
                 } else {
                     self.indices[self.place(r)].load(Relaxed) as u32
                 };
-                self.dense.prefetch_values(found[j % RING]);
+                self.dense.prefetch_row(0, found[j % RING]);
             }
             if let Some(j) = step.checked_sub(INDEX_AHEAD) {
                 let dst = row_mut(out, self.dense.dim(), j);

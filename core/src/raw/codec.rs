@@ -123,26 +123,20 @@ impl Codec {
             (bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16) as u16
         };
         let mut bits = [0u16; CHUNK];
-        let mut words = [0u64; CHUNK / HALVES];
         for (row, src) in row.chunks(CHUNK / HALVES).zip(src.chunks(CHUNK)) {
             for (b, &v) in bits.iter_mut().zip(src) {
                 *b = round(v);
             }
-            self.store_chunk(row, &mut bits, src.len(), &mut words);
+            self.store_chunk(row, &mut bits, src.len());
         }
     }
 
     /// Stores one chunk of halves, `bits[..used]`, into the words `row`
     /// (at most `CHUNK / HALVES`), the rest of the last word padded with
-    /// the encoded initial value, through the stack buffer `words`.
+    /// the encoded initial value, packed in a stack buffer first.
     #[inline]
-    fn store_chunk(
-        self,
-        row: &[AtomicU64],
-        bits: &mut [u16; CHUNK],
-        used: usize,
-        words: &mut [u64; CHUNK / HALVES],
-    ) {
+    fn store_chunk(self, row: &[AtomicU64], bits: &mut [u16; CHUNK], used: usize) {
+        let mut words = [0u64; CHUNK / HALVES];
         bits[used..].fill((self.mask & 0xffff) as u16);
         // The words the values reach (the common prefix, should the lengths
         // disagree).
@@ -203,7 +197,6 @@ impl Codec {
     #[inline]
     fn store_halves(self, row: &[AtomicU64], src: &[f32], adjust: impl Fn(usize, &mut [u16])) {
         let mut bits = [0u16; CHUNK];
-        let mut packed = [0u64; CHUNK / HALVES];
         for (c, (words, src)) in row
             .chunks(CHUNK / HALVES)
             .zip(src.chunks(CHUNK))
@@ -219,7 +212,7 @@ impl Codec {
                     .convert_from_f32_slice(src),
             }
             adjust(c * CHUNK, used);
-            self.store_chunk(words, &mut bits, src.len(), &mut packed);
+            self.store_chunk(words, &mut bits, src.len());
         }
     }
 

@@ -112,13 +112,21 @@ fn lanes(xs: &[f32]) -> f32x8 {
     f32x8::new(xs.try_into().expect("block of 8 floats"))
 }
 
+/// The floats a kernel handles of `row`, meant for `len` floats: `len`, or
+/// the common prefix if the lengths disagree (a caller bug, asserted in
+/// debug builds).
+#[inline(always)]
+fn common_len(row: &[AtomicU64], len: usize) -> usize {
+    debug_assert_eq!(row.len(), words_for_dim(len), "row words vs dim");
+    len.min(2 * row.len())
+}
+
 /// Splits `row` (meant for `len` floats) for a kernel: whole blocks of
 /// `BLOCK_WORDS` words and the tail words, and the element count `n` both
 /// cover (the common prefix if the lengths disagree).
 #[inline(always)]
 fn split_row(row: &[AtomicU64], len: usize) -> (&[AtomicU64], &[AtomicU64], usize) {
-    debug_assert_eq!(row.len(), words_for_dim(len), "row words vs dim");
-    let n = len.min(2 * row.len());
+    let n = common_len(row, len);
     let (blocks, tail) = row[..words_for_dim(n)].split_at(n / LANES * BLOCK_WORDS);
     (blocks, tail, n)
 }
@@ -130,8 +138,7 @@ fn split_row(row: &[AtomicU64], len: usize) -> (&[AtomicU64], &[AtomicU64], usiz
 /// ignored.
 #[inline]
 pub fn load_row(row: &[AtomicU64], out: &mut [f32]) {
-    debug_assert_eq!(row.len(), words_for_dim(out.len()), "row words vs dim");
-    let n = out.len().min(2 * row.len());
+    let n = common_len(row, out.len());
     let whole = n / 2;
     if cfg!(target_endian = "little") {
         // Little-endian: the memory image of a word is its two floats in order.
@@ -155,8 +162,7 @@ pub fn load_row(row: &[AtomicU64], out: &mut [f32]) {
 /// `words_for_dim(dim)`. For odd `dim` the padding half is written as 0.
 #[inline]
 pub fn store_row(row: &[AtomicU64], src: &[f32]) {
-    debug_assert_eq!(row.len(), words_for_dim(src.len()), "row words vs dim");
-    let n = src.len().min(2 * row.len());
+    let n = common_len(row, src.len());
     let whole = n / 2;
     if cfg!(target_endian = "little") {
         // Little-endian: two floats in order are the memory image of a word.
@@ -189,8 +195,7 @@ pub fn load_row_xor(row: &[AtomicU64], mask: u64, out: &mut [f32]) {
     if mask == 0 {
         return load_row(row, out);
     }
-    debug_assert_eq!(row.len(), words_for_dim(out.len()), "row words vs dim");
-    let n = out.len().min(2 * row.len());
+    let n = common_len(row, out.len());
     let mut words = [0u64; STAGED_WORDS];
     for (row, out) in row[..words_for_dim(n)]
         .chunks(STAGED_WORDS)
@@ -215,8 +220,7 @@ pub fn store_row_xor(row: &[AtomicU64], mask: u64, src: &[f32]) {
     if mask == 0 {
         return store_row(row, src);
     }
-    debug_assert_eq!(row.len(), words_for_dim(src.len()), "row words vs dim");
-    let n = src.len().min(2 * row.len());
+    let n = common_len(row, src.len());
     let pad = f32::from_bits((mask >> 32) as u32);
     let mut words = [0u64; STAGED_WORDS];
     for (row, src) in row[..words_for_dim(n)]
