@@ -80,10 +80,17 @@ pub fn next_timestamp() -> u64 {
     }
 }
 
-/// Makes later stamps larger than `stamp` (a timestamp restored from a
-/// checkpoint, perhaps written by a machine whose clock runs ahead).
-pub fn observe_timestamp(stamp: u64) {
-    LAST_STAMP.fetch_max(stamp, Ordering::Relaxed);
+/// Clamps timestamps read from a checkpoint to this process's clock: a
+/// stamp later than [`next_timestamp`] (written by a machine whose clock
+/// runs ahead) becomes that stamp, so the row counts as written now. The
+/// clock itself never moves forward for a checkpoint: the ages `expire`
+/// and eviction compare stay true for every variable of the process, at
+/// the cost of the order among the rows clamped together.
+pub fn clamp_to_clock(stamps: &mut [u64]) {
+    let now = next_timestamp();
+    for stamp in stamps.iter_mut().filter(|s| **s > now) {
+        *stamp = now;
+    }
 }
 
 #[cfg(test)]
@@ -91,13 +98,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn timestamps_strictly_increase_and_pass_observed_ones() {
+    fn timestamps_strictly_increase() {
         let a = next_timestamp();
         let b = next_timestamp();
         assert!(b > a);
         assert!(a > 1_600_000_000_000_000_000, "nanoseconds since 1970");
-        observe_timestamp(b + 1_000_000_000_000);
-        assert!(next_timestamp() > b + 1_000_000_000_000);
+    }
+
+    #[test]
+    fn stamps_ahead_of_the_clock_are_clamped_without_moving_it() {
+        let before = next_timestamp();
+        let ahead = before + 3_600_000_000_000;
+        let mut stamps = [before - 1, ahead, u64::MAX];
+        clamp_to_clock(&mut stamps);
+        assert_eq!(stamps[0], before - 1, "a past stamp is kept");
+        assert!(stamps[1] > before && stamps[1] < ahead);
+        assert_eq!(stamps[1], stamps[2]);
+        assert!(next_timestamp() < ahead, "the clock did not jump");
     }
 
     #[test]

@@ -582,3 +582,68 @@ fn restrict_without_a_policy_is_an_error() {
     let kept: HashSet<i64> = key_set(&v).into_iter().collect();
     assert_eq!(kept, HashSet::from([1, 2, 3]));
 }
+
+/// A checkpoint written by a machine whose clock runs two hours ahead (it
+/// is accepted: within a day) is applied as written now. It moves no clock:
+/// expiry in this variable and in another one still measures true ages, and
+/// the saved row keeps its value and stays the newest until written again.
+#[test]
+fn stamps_ahead_of_the_clock_are_restored_as_now_and_keep_expiry_true() {
+    use dynemb::checkpoint::{save_rows, Rows, TableInfo};
+    use dynemb::Dtype;
+    use std::time::Duration;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let now = u64::try_from(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("after 1970")
+            .as_nanos(),
+    )
+    .expect("fits");
+    let ahead = now + 2 * 3_600_000_000_000;
+    let info = TableInfo {
+        name: "ahead".into(),
+        dim: 1,
+        slots: vec![],
+        scores: Some(RestrictPolicy::Timestamp),
+        shards: 1,
+        value_dtype: Dtype::F32,
+        slot_dtype: Dtype::F32,
+    };
+    let rows = Rows {
+        keys: vec![1],
+        values: vec![0.5],
+        slots: vec![],
+        scores: Some(vec![ahead]),
+    };
+    save_rows::<u64, _>(dir.path(), &info, [Ok(rows)]).expect("save");
+
+    let other = var::<u64>(1, 1, RestrictPolicy::Timestamp);
+    other.upsert(&[42], &[1.0]).expect("upsert");
+    for restore in [false, true] {
+        let v = var::<u64>(1, 2, RestrictPolicy::Timestamp);
+        if restore {
+            v.restore(dir.path()).expect("restore");
+        } else {
+            v.load(dir.path()).expect("load");
+        }
+        let mut restored = [0];
+        v.lookup_scores(&[1], &mut restored).expect("scores");
+        assert!(
+            restored[0] < ahead,
+            "stamp {restored:?} kept from the future"
+        );
+        v.upsert(&[7], &[1.0]).expect("upsert");
+        assert_eq!(v.expire(Duration::from_secs(3600)).expect("expire"), 0);
+        assert_eq!(other.expire(Duration::from_secs(3600)).expect("expire"), 0);
+        std::thread::sleep(Duration::from_millis(400));
+        v.upsert(&[8], &[1.0]).expect("upsert");
+        assert_eq!(
+            v.expire(Duration::from_millis(250)).expect("expire"),
+            2,
+            "the saved row and key 7 are older than 250 ms, key 8 is not"
+        );
+        assert_eq!(present(&v, &[1, 7, 8]), vec![false, false, true]);
+    }
+}

@@ -86,7 +86,9 @@
 //! tensor names, dtypes and shapes, key type and dim against the variable,
 //! finite values, every key's shard under the variable's partitioner,
 //! timestamps no more than a day ahead of the local clock) and return
-//! an error before touching the variable if anything is wrong. Then
+//! an error before touching the variable if anything is wrong. (A
+//! timestamp ahead of the local clock is applied as the current time:
+//! see [`clamp_to_clock`].) Then
 //! `restore` clears the variable and inserts the saved rows, while `load`
 //! upserts them into what is there; other threads writing meanwhile see the
 //! table being refilled. The rows applied are the ones verified: the
@@ -160,7 +162,7 @@ mod rows;
 
 use crate::raw::fs::exchange_dirs;
 use crate::raw::{ExportColumns, MAX_SLOTS};
-use crate::restrict::observe_timestamp;
+use crate::restrict::clamp_to_clock;
 use crate::{Error, Key, RestrictPolicy, Result, Variable};
 use files::{FileRows, FloatDtypes, KeyCodec};
 use lock::CheckpointLock;
@@ -702,7 +704,15 @@ pub(crate) fn apply<K: Key>(
     for table in variable.shards() {
         table.reserve(per_shard);
     }
-    for_each_file(dir, manifest, KeyCodec::for_type(K::TYPE_NAME), |rows| {
+    let codec = KeyCodec::for_type(K::TYPE_NAME);
+    for_each_file(dir, manifest, codec, |mut rows| {
+        if let (Some(RestrictPolicy::Timestamp), true, Some(scores)) = (
+            variable.restrict_policy(),
+            restore_scores,
+            rows.scores.as_deref_mut(),
+        ) {
+            clamp_to_clock(scores);
+        }
         let keys: Vec<K> = rows.keys.into_iter().map(K::from_bits).collect();
         let slots: Vec<(usize, &[f32])> = slot_ids
             .iter()
@@ -710,11 +720,6 @@ pub(crate) fn apply<K: Key>(
             .map(|(id, rows)| (id.index(), rows.as_slice()))
             .collect();
         let scores = rows.scores.as_deref().filter(|_| restore_scores);
-        if let (Some(RestrictPolicy::Timestamp), Some(scores)) =
-            (variable.restrict_policy(), scores)
-        {
-            observe_timestamp(scores.iter().copied().max().unwrap_or(0));
-        }
         variable.upsert_rows(&keys, &rows.values, &slots, scores)
     })?;
     admission::apply(

@@ -13,7 +13,7 @@ use super::files::{self, FileRows, FloatDtypes, KeyCodec};
 use super::manifest::{Manifest, SlotEntry, FORMAT, VERSION};
 use super::{for_each_file, save_with, verify_with, FilesWriter, Verified};
 use crate::checks::{check_fits, check_len};
-use crate::restrict::observe_timestamp;
+use crate::restrict::clamp_to_clock;
 use crate::{Dtype, Error, Key, RestrictPolicy, Result};
 use std::marker::PhantomData;
 use std::path::Path;
@@ -278,15 +278,15 @@ impl<K: Key> Reader<K> {
 
     /// Calls `visit` with the rows of each data file in turn (read and
     /// checked again as they are read; a file that changed since
-    /// [`Reader::open`] is an error). Timestamp scores move this process's
-    /// timestamp clock past the latest one (see
-    /// [`observe_timestamp`]).
+    /// [`Reader::open`] is an error). Timestamp scores ahead of this
+    /// process's clock are clamped to it (see [`clamp_to_clock`]).
     pub fn for_each(&self, mut visit: impl FnMut(Rows<K>) -> Result<()>) -> Result<()> {
         let (dir, manifest) = (&self.verified.dir, &self.verified.manifest);
         let timestamps = manifest.policy() == Some(RestrictPolicy::Timestamp);
-        for_each_file(dir, manifest, KeyCodec::for_type(K::TYPE_NAME), |rows| {
-            if let (true, Some(scores)) = (timestamps, rows.scores.as_deref()) {
-                observe_timestamp(scores.iter().copied().max().unwrap_or(0));
+        let codec = KeyCodec::for_type(K::TYPE_NAME);
+        for_each_file(dir, manifest, codec, |mut rows| {
+            if let (true, Some(scores)) = (timestamps, rows.scores.as_deref_mut()) {
+                clamp_to_clock(scores);
             }
             visit(Rows {
                 keys: rows.keys.into_iter().map(K::from_bits).collect(),
