@@ -49,15 +49,16 @@ pub fn check_finite(what: &'static str, values: &[f32]) -> Result<()> {
 /// `dtype` (see [`Dtype::fits`]), else [`Error::NonFinite`] or
 /// [`Error::OutOfRange`] naming the first one that is not.
 pub fn check_fits(what: &'static str, values: &[f32], dtype: Dtype) -> Result<()> {
-    check_finite(what, values)?;
-    match dtype.first_out_of_range(values) {
-        None => Ok(()),
+    let non_finite = first_non_finite(values);
+    let finite = &values[..non_finite.unwrap_or(values.len())];
+    match dtype.first_out_of_range(finite) {
         Some(index) => Err(Error::OutOfRange {
             what,
             index,
             value: values[index],
             dtype,
         }),
+        None => check_finite(what, values),
     }
 }
 

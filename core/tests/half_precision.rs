@@ -705,6 +705,19 @@ fn an_upsert_out_of_range_is_refused_whole() {
         var.upsert(&[3, 1, 4], &values),
         Err(Error::NonFinite { index: 5, .. })
     ));
+    // Of a value out of range and a NaN, the error names the first.
+    values[2] = 70000.0;
+    assert!(matches!(
+        var.upsert(&[3, 1, 4], &values),
+        Err(Error::OutOfRange { index: 2, .. })
+    ));
+    values[2] = f32::NAN;
+    values[5] = 70000.0;
+    assert!(matches!(
+        var.upsert(&[3, 1, 4], &values),
+        Err(Error::NonFinite { index: 2, .. })
+    ));
+    values[2] = 1.0;
     assert_eq!(snapshot(&var), before);
     // The largest value that rounds to f16's maximum is accepted.
     values[5] = 65519.0;
@@ -941,6 +954,50 @@ fn a_checkpoint_slot_initial_value_that_rounds_to_zero_changes_nothing() {
         assert_eq!(snapshot(&dst), before, "load {load}: nothing changed");
         assert!(dst.slot_names().is_empty());
     }
+}
+
+/// `save_rows` refuses to write what restoring would refuse: an f16 slot
+/// starting at 1e-9, which rounds to 0.
+#[test]
+fn save_rows_refuses_a_slot_initial_value_that_rounds_to_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let info = |initial: f32| TableInfo {
+        name: "emb".into(),
+        dim: 1,
+        slots: vec![("acc".into(), initial)],
+        scores: None,
+        shards: 1,
+        value_dtype: Dtype::F32,
+        slot_dtype: Dtype::F16,
+    };
+    let rows = || Rows {
+        keys: vec![1i64],
+        values: vec![0.5],
+        slots: vec![vec![0.25]],
+        scores: None,
+    };
+    let err = save_rows(dir.path(), &info(1e-9), [Ok(rows())]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::OutOfRange {
+                what: "slot initial value",
+                index: 0,
+                dtype: Dtype::F16,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(std::fs::read_dir(dir.path()).unwrap().next().is_none());
+    save_rows(dir.path(), &info(0.0), [Ok(rows())]).unwrap();
+    let dst = Variable::<i64>::builder("emb")
+        .dim(1)
+        .slot_dtype(Dtype::F16)
+        .build()
+        .unwrap();
+    dst.restore(dir.path()).unwrap();
+    assert_eq!(dst.size(), 1);
 }
 
 #[test]

@@ -34,10 +34,11 @@
 //!
 //! Rows a step does not touch keep their values and slots (TFRA's lazy
 //! behaviour). A row whose update would overflow to infinity (finite but
-//! extreme gradients) is not stored: it keeps its previous value and slots
-//! (a missing key is not inserted), the other rows are updated, and the
-//! call returns [`Error::NonFinite`] whose `index` is the batch position of
-//! the first such key's first occurrence.
+//! extreme gradients), or to a value its half dtype cannot hold, is not
+//! stored: it keeps its previous value and slots (a missing key is not
+//! inserted), the other rows are updated, and the call returns
+//! [`Error::NonFinite`] (or [`Error::OutOfRange`]) whose `index` is the
+//! batch position of the first such key's first occurrence.
 //!
 //! Slots are named as TensorFlow names them (`m`, `v`, `accumulator`, ...),
 //! without the optimizer's name: two optimizers training one variable share
@@ -573,6 +574,17 @@ impl<R: Rule> Step<R> {
                     what: "optimizer step result",
                     index: batch.first(index),
                     value,
+                },
+                Error::OutOfRange {
+                    index,
+                    value,
+                    dtype,
+                    ..
+                } => Error::OutOfRange {
+                    what: "optimizer step result",
+                    index: batch.first(index),
+                    value,
+                    dtype,
                 },
                 e => e,
             })

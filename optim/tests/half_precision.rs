@@ -475,3 +475,62 @@ fn stochastic_rounding_keeps_updates_that_nearest_even_drops() {
         "stochastic rounding tracks f32: {spread} per element"
     );
 }
+
+/// A step whose result does not fit the half dtype refuses that row, with
+/// an `OutOfRange` naming its key's first position in the caller's batch
+/// (through `apply` and through a part of a deduplicated batch), and
+/// updates the others.
+#[test]
+fn a_result_out_of_a_half_range_names_its_batch_position() {
+    let variable = Variable::<i64>::builder("out_of_range")
+        .dim(2)
+        .value_dtype(Dtype::F16)
+        .slot_dtype(Dtype::F16)
+        .build()
+        .expect("build");
+    variable
+        .upsert(&[5, 7], &[1.0, 1.0, 60000.0, 1.0])
+        .expect("upsert");
+    let sgd = SparseSgd::new(ParamsSgd { lr: 1.0 }).expect("sgd");
+    // Key 7 is first at position 2; its value would become 66000.
+    let err = sgd
+        .apply(
+            &variable,
+            &[5, 5, 7, 7],
+            &[0.5, 0.5, 0.5, 0.5, -3000.0, 0.0, -3000.0, 0.0],
+        )
+        .expect_err("66000 does not fit f16");
+    assert!(
+        matches!(
+            err,
+            Error::OutOfRange {
+                what: "optimizer step result",
+                index: 2,
+                value: 66000.0,
+                dtype: Dtype::F16
+            }
+        ),
+        "{err:?}"
+    );
+    let mut rows = [0.0; 4];
+    variable.lookup(&[5, 7], &mut rows).expect("lookup");
+    assert_eq!(rows, [0.0, 0.0, 60000.0, 1.0], "key 5 stepped, key 7 kept");
+
+    let keys: Vec<i64> = (0..100).collect();
+    let mut values = vec![1.0; 200];
+    values[160] = 60000.0;
+    variable.upsert(&keys, &values).expect("upsert");
+    let mut grads = vec![0.0; 200];
+    grads[160] = -6000.0;
+    let mut dedup = dynemb_optim::dedup::Dedup::new();
+    let batch = dedup.run(&keys, &grads, 2).expect("dedup");
+    let err = sgd
+        .begin_step()
+        .expect("step")
+        .apply_deduped(&variable, &batch.part(50..100, 2))
+        .expect_err("66000 does not fit f16");
+    assert!(
+        matches!(err, Error::OutOfRange { index: 80, .. }),
+        "{err:?}"
+    );
+}

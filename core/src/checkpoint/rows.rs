@@ -57,7 +57,8 @@ pub struct Rows<K> {
 
 /// Checks `info` (names within [`MAX_NAME_BYTES`](crate::MAX_NAME_BYTES),
 /// a dim of at least 1, distinct non-empty slot names, initial values that
-/// fit the slot dtype).
+/// may start a column of the slot dtype: [`Dtype::fits_initial`], as
+/// `create_slot` and restoring demand).
 fn check_info(info: &TableInfo) -> Result<()> {
     crate::check_name("variable name", &info.name)?;
     for (name, _) in &info.slots {
@@ -78,22 +79,19 @@ fn check_info(info: &TableInfo) -> Result<()> {
                 info.name
             )));
         }
-        if let Err(error) = check_fits("slot initial value", &[*initial], info.slot_dtype) {
-            return Err(match error {
-                Error::NonFinite { what, value, .. } => Error::NonFinite {
-                    what,
-                    index: i,
-                    value,
-                },
-                Error::OutOfRange {
-                    what, value, dtype, ..
-                } => Error::OutOfRange {
-                    what,
-                    index: i,
-                    value,
-                    dtype,
-                },
-                other => other,
+        if !initial.is_finite() {
+            return Err(Error::NonFinite {
+                what: "slot initial value",
+                index: i,
+                value: *initial,
+            });
+        }
+        if !info.slot_dtype.fits_initial(*initial) {
+            return Err(Error::OutOfRange {
+                what: "slot initial value",
+                index: i,
+                value: *initial,
+                dtype: info.slot_dtype,
             });
         }
     }
