@@ -401,6 +401,43 @@ fn a_custom_getter_can_change_dim_initializer_and_flags() {
     assert!(reg.collection(Collection::Trainable).is_empty());
 }
 
+/// A mixed-precision getter: it reads the dtypes asked for and stores
+/// values and slots in bf16 when f32 was asked.
+#[test]
+fn a_custom_getter_can_change_the_dtypes() {
+    let reg = Registry::new();
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&asked);
+    let scope = reg.scope("half").custom_getter(move |next, request| {
+        seen.lock()
+            .unwrap()
+            .push((request.value_dtype(), request.slot_dtype()));
+        let request = if request.value_dtype() == dynemb::Dtype::F32 {
+            request
+                .with_value_dtype(dynemb::Dtype::Bf16)
+                .with_slot_dtype(dynemb::Dtype::Bf16)
+        } else {
+            request
+        };
+        next.get(request)
+    });
+    let emb = scope.get_variable(b::<u64>("emb", 4)).unwrap();
+    assert_eq!(emb.value_dtype(), dynemb::Dtype::Bf16);
+    assert_eq!(emb.slot_dtype(), dynemb::Dtype::Bf16);
+    let f16 = scope
+        .get_variable(b::<u64>("f16", 4).value_dtype(dynemb::Dtype::F16))
+        .unwrap();
+    assert_eq!(f16.value_dtype(), dynemb::Dtype::F16);
+    assert_eq!(f16.slot_dtype(), dynemb::Dtype::F32);
+    assert_eq!(
+        *asked.lock().unwrap(),
+        [
+            (dynemb::Dtype::F32, dynemb::Dtype::F32),
+            (dynemb::Dtype::F16, dynemb::Dtype::F32)
+        ]
+    );
+}
+
 #[test]
 fn a_custom_getter_sees_the_request_flags() {
     let reg = Registry::new();

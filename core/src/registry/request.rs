@@ -2,7 +2,7 @@
 //! calls. The design is on [`VariableRequest`].
 
 use super::{AnyVariable, Reuse};
-use crate::{Initializer, Key, Partitioner, RestrictPolicy, Result, VariableBuilder};
+use crate::{Dtype, Initializer, Key, Partitioner, RestrictPolicy, Result, VariableBuilder};
 
 /// A custom getter as a scope stores it.
 pub(crate) type CustomGetterFn =
@@ -31,8 +31,8 @@ pub(crate) type CustomGetterFn =
 ///
 /// A getter sees the request's **full** name (scopes included) and may set
 /// any full name (it is validated by the real getter); it may change dim,
-/// shards, partitioner, initializer, capacity hint, trainable, checkpoint
-/// and reuse mode.
+/// shards, partitioner, initializer, capacity hint, trainable, checkpoint,
+/// restrict policy, value and slot dtypes, and reuse mode.
 #[derive(Debug, Clone)]
 pub struct VariableRequest {
     /// Every setting; the key type is `key_type`, not `u64` (no setting
@@ -87,6 +87,17 @@ impl VariableRequest {
     /// Whether the variable is to be checkpointed.
     pub fn checkpoint(&self) -> bool {
         self.builder.table_options().checkpoint
+    }
+
+    /// How the values are to be stored ([`VariableBuilder::value_dtype`]).
+    pub fn value_dtype(&self) -> Dtype {
+        self.builder.table_options().value_dtype
+    }
+
+    /// How the optimizer slots are to be stored
+    /// ([`VariableBuilder::slot_dtype`]).
+    pub fn slot_dtype(&self) -> Dtype {
+        self.builder.table_options().slot_dtype
     }
 
     /// The reuse mode the real getter will apply.
@@ -145,6 +156,18 @@ impl VariableRequest {
     /// Sets the restrict policy ([`VariableBuilder::restrict_policy`]).
     pub fn with_restrict_policy(self, policy: RestrictPolicy) -> Self {
         self.map(|b| b.restrict_policy(policy))
+    }
+
+    /// Sets how the values are stored ([`VariableBuilder::value_dtype`]):
+    /// a mixed-precision getter's storage.
+    pub fn with_value_dtype(self, dtype: Dtype) -> Self {
+        self.map(|b| b.value_dtype(dtype))
+    }
+
+    /// Sets how the optimizer slots are stored
+    /// ([`VariableBuilder::slot_dtype`]).
+    pub fn with_slot_dtype(self, dtype: Dtype) -> Self {
+        self.map(|b| b.slot_dtype(dtype))
     }
 
     /// Sets the reuse mode the real getter applies.
