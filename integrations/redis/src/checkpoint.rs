@@ -299,7 +299,7 @@ impl<K: Key> RedisVariable<K> {
                     (true, _) => rows.scores.as_ref().map_or(0, |s| s[i]),
                     (false, None) => 0,
                     (false, Some(RestrictPolicy::Frequency)) => {
-                        old.map_or(0, |r| r.score()).wrapping_add(1)
+                        old.map_or(0, |r| r.score()).saturating_add(1)
                     }
                     (false, Some(RestrictPolicy::Timestamp)) => stamp,
                 };

@@ -61,9 +61,10 @@ pub struct RedisConfig {
     /// trip.
     pub buckets: u32,
     /// The namespace of every Redis key this crate writes (TFRA's model
-    /// tag): models or versions under different prefixes never meet. Must
-    /// not contain `{` or `}` (they would change which cluster node a
-    /// bucket lives on).
+    /// tag): models or versions under different prefixes never meet (keys
+    /// are `<prefix>:<name>:...`, and a variable's name may not contain
+    /// `:`, so a prefix may). Must not contain `{` or `}` (they would
+    /// change which cluster node a bucket lives on).
     pub prefix: String,
     /// Whether to send the bucket writes as the `dynemb-redis-module`
     /// commands (`DYNEMB.ACCUM` and its siblings) when every node has that

@@ -37,8 +37,8 @@
 //!
 //! Scores follow the variable's restrict policy, passed as a mode: `n` (no
 //! policy: the score stays 0), `f` (frequency: +1 per write, an insert
-//! counting as the first) or `t` (timestamp: the client's stamp for the
-//! batch).
+//! counting as the first, saturating at `u64::MAX` as a local table's
+//! count does) or `t` (timestamp: the client's stamp for the batch).
 //!
 //! Float arithmetic (`accum`) is done in Lua's doubles and rounded to `f32`
 //! when packed: the sum of two `f32`s rounded once from double is exactly
@@ -167,10 +167,11 @@ local function next_score(cur)
   if MODE == 'n' then return ZERO8 end
   if not cur then return struct.pack('<I4I4', 1, 0) end
   local lo, hi = struct.unpack('<I4I4', cur, 9)
+  if lo == 4294967295 and hi == 4294967295 then return string.sub(cur, 9, 16) end
   lo = lo + 1
   if lo == 4294967296 then
     lo = 0
-    hi = (hi + 1) % 4294967296
+    hi = hi + 1
   end
   return struct.pack('<I4I4', lo, hi)
 end

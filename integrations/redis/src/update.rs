@@ -349,7 +349,7 @@ impl<K: Key> RedisVariable<K> {
         }
         let score = match self.restrict_policy() {
             None => 0,
-            Some(RestrictPolicy::Frequency) => row.map_or(0, |r| r.score()).wrapping_add(applied),
+            Some(RestrictPolicy::Frequency) => row.map_or(0, |r| r.score()).saturating_add(applied),
             Some(RestrictPolicy::Timestamp) => dynemb::restrict::next_timestamp(),
         };
         // `initials` holds the initial value of every column up to the

@@ -114,10 +114,11 @@ impl<K: Key> std::fmt::Debug for RedisVariable<K> {
 /// [`RedisVariable::open`]); the others are checked by
 /// [`TableOptions::check`].
 fn check_redis_options(name: &str, options: &TableOptions) -> Result<()> {
-    if name.is_empty() || name.contains(['{', '}']) {
+    if name.is_empty() || name.contains(['{', '}', ':']) {
         return Err(Error::InvalidArgument(format!(
-            "variable name {name:?} must not be empty or contain {{ or }} (a Redis table's \
-             buckets are named by it, with a hash tag in braces)"
+            "variable name {name:?} must not be empty or contain {{, }} or : (a Redis table's \
+             keys are `<prefix>:<name>:{{bucket}}`: braces would move the hash tag, and a \
+             colon would let another prefix and name reach the same keys)"
         )));
     }
     if options.shards != 1 {
@@ -236,8 +237,9 @@ impl<K: Key> RedisVariable<K> {
     /// `kv_creator` does.
     ///
     /// Checks the settings first ([`TableOptions::check`], then what
-    /// Redis adds: a name that is not empty and has no `{` or `}`, the
-    /// buckets' hash tags, and [`RedisConfig::validate`]) and refuses,
+    /// Redis adds: a name that is not empty and has no `{` or `}` (the
+    /// buckets' hash tags) and no `:` (so that no other prefix and name
+    /// reach its keys), and [`RedisConfig::validate`]) and refuses,
     /// with an [`Error::InvalidArgument`], a setting a Redis table cannot
     /// honour: more than one shard (its keys are spread over
     /// [`RedisConfig::buckets`] instead), a [`Partitioner::Custom`], and

@@ -199,3 +199,78 @@ fn load_keeps_what_the_checkpoint_lacks_and_misfits_change_nothing() {
     assert!(matches!(err, Error::Mismatch { .. }), "{err}");
     assert_eq!(remote_contents(&redis, &[1, 2, 3]), before);
 }
+
+/// Frequency counts saturate at `u64::MAX` on Redis as they do locally,
+/// through every write path (the module and the scripts): a restored
+/// count at the top stays there, and the hottest row never wraps to the
+/// coldest.
+#[test]
+fn frequency_counts_saturate_as_locally() {
+    use dynemb::checkpoint::{save_rows, Rows, TableInfo};
+    use dynemb_test_support::servers::{unique_name, Form};
+    let Some(server) = Server::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let info = |scores| TableInfo {
+        name: "emb".into(),
+        dim: DIM,
+        slots: vec![],
+        scores,
+        shards: 1,
+        value_dtype: dynemb::Dtype::F32,
+        slot_dtype: dynemb::Dtype::F32,
+    };
+    let counted = Rows::<i64> {
+        keys: vec![1, 2, 3],
+        values: vec![0.5; 3 * DIM],
+        slots: vec![],
+        scores: Some(vec![u64::MAX, u64::MAX - 1, 5]),
+    };
+    let plain = Rows::<i64> {
+        scores: None,
+        ..counted.clone()
+    };
+    save_rows(
+        dir.path().join("counted"),
+        &info(Some(RestrictPolicy::Frequency)),
+        [Ok(counted)],
+    )
+    .unwrap();
+    save_rows(dir.path().join("plain"), &info(None), [Ok(plain)]).unwrap();
+    let opt = SparseAdam::new(ParamsAdam::default()).unwrap();
+    for form in Form::available() {
+        let name = unique_name("saturate");
+        let builder = || {
+            Variable::<i64>::builder(name.as_str())
+                .dim(DIM)
+                .restrict_policy(RestrictPolicy::Frequency)
+        };
+        let near = builder().build().unwrap();
+        let far = RedisVariable::open(builder(), form.config(server.config())).unwrap();
+        let scores = |near: &Variable<i64>, far: &RedisVariable<i64>| {
+            let (mut a, mut b) = ([0; 3], [0; 3]);
+            near.lookup_scores(&[1, 2, 3], &mut a).unwrap();
+            far.lookup_scores(&[1, 2, 3], &mut b).unwrap();
+            assert_eq!(a, b, "{form:?}: local and Redis scores");
+            a
+        };
+        near.restore(dir.path().join("counted")).unwrap();
+        far.restore(dir.path().join("counted")).unwrap();
+        near.upsert(&[1, 2, 2, 3], &[0.0; 4 * DIM]).unwrap();
+        far.upsert(&[1, 2, 2, 3], &[0.0; 4 * DIM]).unwrap();
+        assert_eq!(scores(&near, &far), [u64::MAX, u64::MAX, 6]);
+        near.accum(&[1, 3], &[1.0; 2 * DIM], &[true; 2]).unwrap();
+        far.accum(&[1, 3], &[1.0; 2 * DIM], &[true; 2]).unwrap();
+        assert_eq!(scores(&near, &far), [u64::MAX, u64::MAX, 7]);
+        let grads = [0.1; 3 * DIM];
+        opt.apply(&near, &[1, 2, 3], &grads).unwrap();
+        opt.apply(&far, &[1, 2, 3], &grads).unwrap();
+        assert_eq!(scores(&near, &far), [u64::MAX, u64::MAX, 8]);
+        // A checkpoint without scores counts its rows as writes.
+        near.load(dir.path().join("plain")).unwrap();
+        far.load(dir.path().join("plain")).unwrap();
+        assert_eq!(scores(&near, &far), [u64::MAX, u64::MAX, 9]);
+        far.destroy().unwrap();
+    }
+}

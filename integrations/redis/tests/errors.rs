@@ -141,7 +141,7 @@ fn settings_that_cannot_work_are_errors_at_open() {
 /// What a Redis table cannot honour is refused at open, before any
 /// server is asked (the config names a port nothing listens on): more
 /// than one shard and a custom partitioner, each with an error that says
-/// why; an empty name. A capacity hint is accepted (it reaches the
+/// why; an empty name, and one with a colon or braces. A capacity hint is accepted (it reaches the
 /// servers, whose absence is then the error).
 #[test]
 fn settings_a_redis_table_cannot_honour_are_refused_before_connecting() {
@@ -165,6 +165,15 @@ fn settings_a_redis_table_cannot_honour_are_refused_before_connecting() {
     assert!(custom.contains("custom partitioner"), "{custom}");
     let empty = refused(Variable::builder(""));
     assert!(empty.contains("must not be empty"), "{empty}");
+    // Prefix "ctr" with name "v1:emb" would share the keys of prefix
+    // "ctr:v1" with name "emb"; braces would move the hash tag.
+    for name in ["v1:emb", "a{b}"] {
+        let message = refused(Variable::builder(name));
+        assert!(
+            message.contains("must not be empty or contain"),
+            "{message}"
+        );
+    }
     // The checks every table's settings get, not duplicated here.
     let dim = refused(Variable::builder("e").dim(dynemb::MAX_DIM + 1));
     assert!(dim.contains("dim"), "{dim}");

@@ -84,7 +84,7 @@ impl Scoring {
                 None => 1u64.to_le_bytes(),
                 Some(row) => {
                     let count = u64::from_le_bytes(header(row)?[8..16].try_into().expect("8"));
-                    count.wrapping_add(1).to_le_bytes()
+                    count.saturating_add(1).to_le_bytes()
                 }
             },
         })
