@@ -494,8 +494,8 @@ mod tests {
         let row = stored(41, &[0.0], b"");
         assert_eq!(freq().next(None).unwrap(), 1u64.to_le_bytes());
         assert_eq!(freq().next(Some(&row)).unwrap(), 42u64.to_le_bytes());
-        let wrap = stored(u64::MAX, &[0.0], b"");
-        assert_eq!(freq().next(Some(&wrap)).unwrap(), 0u64.to_le_bytes());
+        let top = stored(u64::MAX, &[0.0], b"");
+        assert_eq!(freq().next(Some(&top)).unwrap(), u64::MAX.to_le_bytes());
         let none = Scoring::new(b"n", b"").unwrap();
         assert_eq!(none.next(Some(&row)).unwrap(), [0; 8]);
         let stamp = Scoring::new(b"t", &7u64.to_le_bytes()).unwrap();
