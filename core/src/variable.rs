@@ -460,7 +460,9 @@ impl<K: Key> Variable<K> {
     /// `keys` and whose `value` is the overflowed sum. Per row, not per
     /// batch: refusing the whole batch would need every row of the batch
     /// locked at once (or undo records), where a write locks one row at a
-    /// time; so a failed call may have applied the other keys' deltas.
+    /// time; so a failed call may have applied the other keys' deltas. A
+    /// repeated key's deltas apply one occurrence at a time, so the refused
+    /// occurrence leaves the row as the earlier ones made it.
     ///
     /// With a half-precision value dtype, a delta must fit it too (it may
     /// become a row): [`Error::OutOfRange`] (`what: "deltas"`) before
