@@ -94,6 +94,23 @@ pub trait EmbeddingStore: Send + Sync {
     /// initializer's row (the training read).
     fn lookup_or_insert(&self, keys: &[Self::Key], out: &mut [f32]) -> Result<()>;
 
+    /// [`EmbeddingStore::lookup_or_insert`], also telling which keys have a
+    /// row after the read (`keys.len()` flags): false only for a key that
+    /// admission has not admitted yet (see
+    /// [`Variable::lookup_or_insert_with_exists`]). The default, for a
+    /// store without admission, reads and marks every key.
+    fn lookup_or_insert_with_exists(
+        &self,
+        keys: &[Self::Key],
+        out: &mut [f32],
+        exists: &mut [bool],
+    ) -> Result<()> {
+        crate::checks::check_len("exists", keys.len(), exists.len())?;
+        self.lookup_or_insert(keys, out)?;
+        exists.fill(true);
+        Ok(())
+    }
+
     /// Adds the slot column `name` whose rows start at `initial`, or returns
     /// the existing one if its initial value is equal
     /// ([`Error::Mismatch`](crate::Error::Mismatch) otherwise).
@@ -212,6 +229,14 @@ impl<K: Key> EmbeddingStore for Variable<K> {
     }
     fn lookup_or_insert(&self, keys: &[K], out: &mut [f32]) -> Result<()> {
         Variable::lookup_or_insert(self, keys, out)
+    }
+    fn lookup_or_insert_with_exists(
+        &self,
+        keys: &[K],
+        out: &mut [f32],
+        exists: &mut [bool],
+    ) -> Result<()> {
+        Variable::lookup_or_insert_with_exists(self, keys, out, exists)
     }
     fn reserve_rows(&self, additional: usize) {
         Variable::reserve_rows(self, additional)

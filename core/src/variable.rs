@@ -429,7 +429,35 @@ impl<K: Key> Variable<K> {
     pub fn lookup_or_insert(&self, keys: &[K], out: &mut [f32]) -> Result<()> {
         check_len("out", batch_len(keys.len(), self.dim())?, out.len())?;
         self.each_shard(keys, |table, bits, at| {
-            table.lookup_or_insert(bits, at, out, |key, row| self.initial_row(key, row))
+            table.lookup_or_insert(bits, at, out, |key, row| self.initial_row(key, row), |_| {})
+        })
+    }
+
+    /// [`Variable::lookup_or_insert`], also telling which keys have a row
+    /// after the read: `exists[i]` is false only for a key that
+    /// [admission](VariableBuilder::admission) has not admitted yet (its
+    /// read returned the initializer's row and inserted nothing). A layer
+    /// drops the gradient of such a read, as an optimizer step on the
+    /// table drops the key's update, so a key admitted by a later read of
+    /// the same step is trained by that read's gradient alone.
+    pub fn lookup_or_insert_with_exists(
+        &self,
+        keys: &[K],
+        out: &mut [f32],
+        exists: &mut [bool],
+    ) -> Result<()> {
+        check_len("out", batch_len(keys.len(), self.dim())?, out.len())?;
+        check_len("exists", keys.len(), exists.len())?;
+        let split = self.split(keys)?;
+        exists.fill(true);
+        self.each_share(split, |table, bits, at| {
+            table.lookup_or_insert(
+                bits,
+                at,
+                out,
+                |key, row| self.initial_row(key, row),
+                |pos| exists[pos] = false,
+            )
         })
     }
 

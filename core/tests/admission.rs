@@ -171,3 +171,43 @@ fn a_variable_without_admission_ignores_the_state() {
     assert_eq!(var.size(), 1);
     assert!(read(&var, 1), "every key is admitted at its first read");
 }
+
+/// `lookup_or_insert_with_exists` tells which keys of the read have a row
+/// afterwards: false exactly for the reads that did not admit, over
+/// shards and repeated keys; it reads what `lookup_or_insert` reads, and
+/// bad lengths count nothing.
+#[test]
+fn a_training_read_tells_which_keys_it_left_without_a_row() {
+    for admission in [EXACT, SKETCH] {
+        let var = Variable::<u64>::builder("t")
+            .dim(DIM)
+            .shards(3)
+            .admission(admission)
+            .build()
+            .unwrap();
+        let mut out = [0.0; 4 * DIM];
+        let mut exists = [true; 4];
+        assert!(matches!(
+            var.lookup_or_insert_with_exists(&[1, 2, 3, 4], &mut out, &mut exists[..3]),
+            Err(Error::LengthMismatch { .. })
+        ));
+        assert_eq!(var.lifecycle_stats().not_admitted_reads, 0);
+        var.lookup_or_insert_with_exists(&[1, 2, 1, 5], &mut out, &mut exists)
+            .unwrap();
+        assert_eq!(exists, [false, false, false, false]);
+        // Key 1's third read admits it; key 2 is at its second.
+        var.lookup_or_insert_with_exists(&[2, 1, 1, 6], &mut out, &mut exists)
+            .unwrap();
+        assert_eq!(exists, [false, true, true, false]);
+        let mut plain = [0.0; 4 * DIM];
+        var.lookup(&[2, 1, 1, 6], &mut plain).unwrap();
+        assert_eq!(out, plain);
+        assert_eq!(var.size(), 1);
+    }
+    let open = Variable::<u64>::builder("o").dim(DIM).build().unwrap();
+    let mut exists = [false; 2];
+    open.lookup_or_insert_with_exists(&[8, 9], &mut [0.0; 2 * DIM], &mut exists)
+        .unwrap();
+    assert_eq!(exists, [true, true]);
+    assert_eq!(open.size(), 2);
+}

@@ -1003,13 +1003,16 @@ impl Table {
     }
 
     /// Copies the rows of `keys` into `out`, inserting missing keys with the
-    /// row `init(key, row)` writes.
+    /// row `init(key, row)` writes. A key admission has not admitted yet
+    /// reads that row too, inserts nothing, and is told to
+    /// `not_admitted(pos)` with its position.
     pub fn lookup_or_insert(
         &self,
         keys: &[u64],
         positions: Positions<'_>,
         out: &mut [f32],
         mut init: impl FnMut(u64, &mut [f32]),
+        mut not_admitted: impl FnMut(usize),
     ) -> Result<()> {
         let dim = self.dim();
         let rows = rows_in(out.len(), dim, "out", keys.len())?;
@@ -1038,6 +1041,7 @@ impl Table {
                 writer.counted += 1;
                 if !admitter.count(key) {
                     init(key, dst);
+                    not_admitted(positions.of(i));
                     writer.not_admitted += 1;
                     return Ok(());
                 }

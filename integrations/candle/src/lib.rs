@@ -40,6 +40,7 @@ pub use embedding_bag::{EmbeddingBag, EmbeddingBagConfig};
 pub use gather::gather_rows;
 pub use record::{RecordedBatch, Recorder};
 pub use regularizer::Regularizer;
+pub use rows::TrainRows;
 pub use step::{SparseGrads, SparseModule, SparseStep};
 pub use unique::{Dedup, UniqueIds};
 

@@ -127,6 +127,35 @@ pub fn lookup_or_insert<S: EmbeddingStore>(
     read_over(store, keys, out, threads::count(), S::lookup_or_insert)
 }
 
+/// [`EmbeddingStore::lookup_or_insert_with_exists`], split over candle's
+/// threads (see the [module docs](self)): [`lookup_or_insert`], also
+/// setting `exists[i]` to whether `keys[i]` has a row after the read.
+pub fn lookup_or_insert_with_exists<S: EmbeddingStore>(
+    store: &S,
+    keys: &[S::Key],
+    out: &mut [f32],
+    exists: &mut [bool],
+) -> dynemb::Result<()> {
+    let dim = store.dim();
+    let chunk = store_chunk_len(store, keys.len(), threads::count()).filter(|_| dim > 0);
+    let (Some(chunk), true) = (chunk, exists.len() == keys.len()) else {
+        return store.lookup_or_insert_with_exists(keys, out, exists);
+    };
+    check_len("out", out.len(), keys.len(), dim)?;
+    let parts = threads::run_chunks_mut(out, chunk * dim, |part, out| {
+        let keys = &keys[part * chunk..((part + 1) * chunk).min(keys.len())];
+        let mut exists = vec![true; keys.len()];
+        store
+            .lookup_or_insert_with_exists(keys, out, &mut exists)
+            .map(|()| exists)
+    });
+    for (part, flags) in parts.into_iter().enumerate() {
+        let flags = flags?;
+        exists[part * chunk..part * chunk + flags.len()].copy_from_slice(&flags);
+    }
+    Ok(())
+}
+
 /// [`Step::apply`], split over candle's threads (see the
 /// [module docs](self)): one optimizer step on the rows of `keys` with
 /// their gradient rows `grads` (`keys.len() * dim` values; a key repeated

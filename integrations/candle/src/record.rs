@@ -31,16 +31,19 @@ use dynemb_optim::Rule;
 use crate::max_norm::check_max_norm;
 use crate::regularizer::Regularizer;
 use crate::reserve_ahead::ReserveAhead;
-use crate::rows::train_rows;
+use crate::rows::{train_rows, TrainRows};
 use crate::step::SparseGrads;
 use crate::{Error, Result};
 
-/// One training batch of one store: its distinct keys and the variable
-/// `[keys.len(), dim]` holding their rows as the forward read them.
+/// One training batch of one store: its distinct keys, the variable
+/// `[keys.len(), dim]` holding their rows as the forward read them, and
+/// which keys had no row after the read (not admitted yet).
 #[derive(Debug, Clone)]
 pub struct RecordedBatch<K> {
     keys: Arc<Vec<K>>,
     rows: Var,
+    /// Per key, whether it had a row after the read; `None`: every key.
+    stored: Option<Arc<Vec<bool>>>,
 }
 
 impl<K> RecordedBatch<K> {
@@ -50,9 +53,16 @@ impl<K> RecordedBatch<K> {
     }
 
     /// The variable holding the keys' rows; its gradient is what a step
-    /// applies.
+    /// applies, but for the rows of keys not stored.
     pub fn rows(&self) -> &Var {
         &self.rows
+    }
+
+    /// Per key, whether it had a row in the store after the read (false
+    /// for a key admission had not admitted: the step drops its gradient);
+    /// `None` when every key had one.
+    pub fn stored(&self) -> Option<&[bool]> {
+        self.stored.as_deref().map(Vec::as_slice)
     }
 }
 
@@ -125,11 +135,12 @@ impl<S: EmbeddingStore> Recorder<S> {
         self.batches.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Records a batch: its distinct `keys` and the variable `rows` read
-    /// for them by [`Recorder::read`]. An empty batch is not recorded
-    /// (there is nothing to train); `rows` of another shape than
-    /// `[keys.len(), dim]` is an [`Error::InvalidInput`].
-    pub fn record(&self, keys: Vec<S::Key>, rows: Var) -> Result<()> {
+    /// Records a batch: its distinct `keys` and the rows read for them by
+    /// [`Recorder::read`]. An empty batch is not recorded (there is nothing
+    /// to train); rows of another shape than `[keys.len(), dim]` are an
+    /// [`Error::InvalidInput`].
+    pub fn record(&self, keys: Vec<S::Key>, rows: TrainRows) -> Result<()> {
+        let (rows, stored) = rows.into_parts();
         let dim = self.store.dim();
         if rows.dims() != [keys.len(), dim] {
             return Err(Error::invalid(format!(
@@ -143,6 +154,7 @@ impl<S: EmbeddingStore> Recorder<S> {
             self.batches().push(RecordedBatch {
                 keys: Arc::new(keys),
                 rows,
+                stored,
             });
         }
         Ok(())
@@ -203,8 +215,9 @@ impl<S: EmbeddingStore> Recorder<S> {
 
 impl<S: EmbeddingStore + 'static> Recorder<S> {
     /// Reads the rows of the distinct `keys` for training (inserting
-    /// missing keys) into a fresh variable `[keys.len(), dim]` on `device`.
-    /// The variable is not recorded yet: call [`Recorder::record`] with it
+    /// missing keys, unless admission has not admitted them yet) into a
+    /// fresh variable `[keys.len(), dim]` on `device` ([`train_rows`]).
+    /// The rows are not recorded yet: call [`Recorder::record`] with them
     /// once the forward has succeeded. Then, unless turned off
     /// ([`Recorder::reserve_rows_ahead`]), asks the store on a low-priority
     /// thread of its own to back the rows of as many new keys as `keys`
@@ -212,7 +225,7 @@ impl<S: EmbeddingStore + 'static> Recorder<S> {
     /// ([`EmbeddingStore::reserve_rows`]; at most one such request of a
     /// recorder runs at once, and none for a store that is not
     /// [`cpu_bound`](EmbeddingStore::cpu_bound)).
-    pub fn read(&self, keys: &[S::Key], device: &Device) -> Result<Var> {
+    pub fn read(&self, keys: &[S::Key], device: &Device) -> Result<TrainRows> {
         let rows = train_rows(&*self.store, keys, device)?;
         if let Some(reserve_ahead) = &self.reserve_ahead {
             reserve_ahead.request(&self.store, keys.len());
@@ -220,7 +233,10 @@ impl<S: EmbeddingStore + 'static> Recorder<S> {
         Ok(rows)
     }
 
-    /// Adds each recorded batch's keys and gradient to `into`. An
+    /// Adds each recorded batch's keys and gradient to `into`, but for the
+    /// keys that had no row after the batch's read (not admitted yet):
+    /// their gradient is dropped, so a key admitted by a later read before
+    /// the step is trained by that read alone. An
     /// [`Error::InvalidInput`] naming the batch if `grads` has no gradient
     /// for its variable (its rows did not reach the loss, or `grads` comes
     /// from another loss) or one of another shape. Leaves the batches
@@ -239,13 +255,32 @@ impl<S: EmbeddingStore + 'static> Recorder<S> {
                     self.store.name()
                 ))
             })?;
-            into.push(
-                &self.store,
-                Arc::clone(&batch.keys),
-                &batch.rows,
-                grad.clone(),
-            )?;
+            match &batch.stored {
+                None => into.push(
+                    &self.store,
+                    Arc::clone(&batch.keys),
+                    &batch.rows,
+                    grad.clone(),
+                )?,
+                Some(stored) => {
+                    let (keys, grad) = stored_only(&batch.keys, stored, grad)?;
+                    into.push(&self.store, Arc::new(keys), &batch.rows, grad)?;
+                }
+            }
         }
         Ok(())
     }
+}
+
+/// The keys that had a row (`stored[i]`) and their rows of `grad`.
+fn stored_only<K: Clone>(keys: &[K], stored: &[bool], grad: &Tensor) -> Result<(Vec<K>, Tensor)> {
+    let kept: Vec<u32> = (0u32..)
+        .zip(stored)
+        .filter(|&(_, &has_row)| has_row)
+        .map(|(i, _)| i)
+        .collect();
+    let kept_keys = kept.iter().map(|&i| keys[i as usize].clone()).collect();
+    let len = kept.len();
+    let at = Tensor::from_vec(kept, len, grad.device())?;
+    Ok((kept_keys, grad.index_select(&at, 0)?))
 }

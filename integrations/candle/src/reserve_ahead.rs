@@ -182,7 +182,7 @@ mod tests {
         let recorder = Recorder::new(Arc::clone(&store));
         let device = Device::Cpu;
         let rows = recorder.read(&[4, 5, 6], &device).unwrap();
-        assert_eq!(rows.dims(), [3, 2]);
+        assert_eq!(rows.as_tensor().dims(), [3, 2]);
         assert_eq!(calls.recv_timeout(WAIT), Ok(3), "rows for the batch's keys");
         // While that request runs, further reads make none.
         recorder.read(&[7], &device).unwrap();

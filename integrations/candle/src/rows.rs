@@ -6,13 +6,16 @@
 //!   becomes the tensor's storage as it is on the CPU (no copy); on
 //!   another device it is copied there once ([`train_rows`]' `Var` then
 //!   takes one more copy on the device, which candle requires to make a
-//!   variable of a tensor).
+//!   variable of a tensor). [`train_rows`] also says which keys admission
+//!   left without a row ([`TrainRows::stored`]).
 //! - [`with_f32_values`] lends a tensor's values as a slice: a contiguous
 //!   `f32` tensor on the CPU (what candle's backward produces) is read in
 //!   place, anything else is copied to the host first.
 //!
 //! Row tensors are `f32` of shape `[keys.len(), dim]`, row `i` holding
 //! `keys[i]`'s values.
+
+use std::sync::Arc;
 
 use candle_core::op::BackpropOp;
 use candle_core::{CpuStorage, DType, Device, Storage, Tensor, Var};
@@ -69,14 +72,57 @@ pub fn read_rows<S: EmbeddingStore>(store: &S, keys: &[S::Key], device: &Device)
     Ok(Tensor::from_vec(values, (keys.len(), dim), device)?)
 }
 
+/// The rows a training read returned ([`train_rows`]): the fresh variable
+/// holding them, and which of the keys have a row in the store after the
+/// read. A key admission has not admitted yet (see
+/// [`dynemb::Admission`]) read the initializer's row and was not
+/// inserted: the step drops its gradient, as the store would drop its
+/// update.
+#[derive(Debug, Clone)]
+pub struct TrainRows {
+    var: Var,
+    /// Per key, whether it has a row; `None` when every key has.
+    stored: Option<Arc<Vec<bool>>>,
+}
+
+impl TrainRows {
+    /// The variable `[keys.len(), dim]` holding the rows.
+    pub fn var(&self) -> &Var {
+        &self.var
+    }
+
+    /// The rows as a tensor (the variable's).
+    pub fn as_tensor(&self) -> &Tensor {
+        self.var.as_tensor()
+    }
+
+    /// Per key, whether it has a row in the store after the read (false
+    /// for a key not admitted yet); `None` when every key has one.
+    pub fn stored(&self) -> Option<&[bool]> {
+        self.stored.as_deref().map(Vec::as_slice)
+    }
+
+    /// The variable and the flags, for the record.
+    pub(crate) fn into_parts(self) -> (Var, Option<Arc<Vec<bool>>>) {
+        (self.var, self.stored)
+    }
+}
+
 /// The rows of `keys` as a fresh variable `[keys.len(), dim]` on `device`,
-/// read with [`EmbeddingStore::lookup_or_insert`] (split over candle's
-/// threads for large batches: [`parallel::lookup_or_insert`]): a missing
-/// key is inserted with the initializer's row (the training read).
-pub fn train_rows<S: EmbeddingStore>(store: &S, keys: &[S::Key], device: &Device) -> Result<Var> {
+/// read with [`EmbeddingStore::lookup_or_insert_with_exists`] (split over
+/// candle's threads for large batches:
+/// [`parallel::lookup_or_insert_with_exists`]): a missing key is inserted
+/// with the initializer's row (the training read), unless admission has
+/// not admitted it yet.
+pub fn train_rows<S: EmbeddingStore>(
+    store: &S,
+    keys: &[S::Key],
+    device: &Device,
+) -> Result<TrainRows> {
     let dim = store.dim();
     let mut values = zeroed(keys.len(), dim)?;
-    parallel::lookup_or_insert(store, keys, &mut values)?;
+    let mut stored = filled(keys.len(), true, "flags of stored keys")?;
+    parallel::lookup_or_insert_with_exists(store, keys, &mut values, &mut stored)?;
     let shape = (keys.len(), dim);
     let tensor = match device {
         Device::Cpu => Tensor::from_storage(
@@ -87,7 +133,10 @@ pub fn train_rows<S: EmbeddingStore>(store: &S, keys: &[S::Key], device: &Device
         ),
         _ => Tensor::from_vec(values, shape, device)?,
     };
-    Ok(Var::from_tensor(&tensor)?)
+    Ok(TrainRows {
+        var: Var::from_tensor(&tensor)?,
+        stored: stored.contains(&false).then(|| Arc::new(stored)),
+    })
 }
 
 /// Runs `f` on the values of `tensor` in row-major order: in place for a
@@ -132,9 +181,13 @@ mod tests {
         assert_eq!(t.to_vec2::<f32>().unwrap(), [[1.0, 2.0], [0.5, 0.5]]);
         assert_eq!(var.size(), 1);
         let v = train_rows(&var, &[9, 1], &Device::Cpu).unwrap();
-        assert_eq!(v.to_vec2::<f32>().unwrap(), [[0.5, 0.5], [1.0, 2.0]]);
+        assert_eq!(
+            v.as_tensor().to_vec2::<f32>().unwrap(),
+            [[0.5, 0.5], [1.0, 2.0]]
+        );
         assert_eq!(var.size(), 2);
         assert!(v.as_tensor().is_variable());
+        assert_eq!(v.stored(), None, "every key has a row");
     }
 
     #[test]

@@ -6,7 +6,10 @@
 //! trained exactly as on a table without admission by the steps from then.
 //!
 //! The layer reads each distinct id of a batch once, so a read here is a
-//! batch holding the id; every batch below holds an id at most once.
+//! batch holding the id; every batch below holds an id at most once. Reads
+//! of one step can straddle an id's admission (a layer called twice
+//! before a step, or two layers sharing the table): only the gradient of
+//! the reads from the admitting one on is applied.
 
 use std::sync::Arc;
 
@@ -167,5 +170,63 @@ fn inference_reads_do_not_admit() -> TestResult {
     }
     layer.discard_batches();
     assert_eq!(admitting.size(), 2);
+    Ok(())
+}
+
+/// Two layers over one table, and one layer called twice, before one
+/// step: the first read of id 7 is not admitted (min count 2), the second
+/// admits it, and only the second read's gradient trains the row, with
+/// SGD and with Adam's slots, as on a table that admitted at the second
+/// read with only that read's gradient.
+#[test]
+fn a_read_before_admission_in_the_same_step_trains_nothing() -> TestResult {
+    use dynemb_optim::{ParamsSgd, SparseSgd};
+    let admitting_table = |name: &str| -> Result<Arc<Variable<i64>>, dynemb::Error> {
+        Ok(Arc::new(
+            Variable::<i64>::builder(name)
+                .dim(2)
+                .initializer(Initializer::Constant(0.0))
+                .admission(Admission::Exact { min_count: 2 })
+                .build()?,
+        ))
+    };
+    let row_of = |table: &Variable<i64>| -> Result<[f32; 2], dynemb::Error> {
+        let mut out = [0.0; 2];
+        table.lookup(&[7], &mut out)?;
+        Ok(out)
+    };
+    let ids = Tensor::new(&[7_i64], &Device::Cpu)?;
+    for shared in [false, true] {
+        let sgd_table = admitting_table("sgd")?;
+        let first = Embedding::new(Arc::clone(&sgd_table), EmbeddingConfig::default())?;
+        let second = Embedding::new(Arc::clone(&sgd_table), EmbeddingConfig::default())?;
+        let a = first.forward(&ids, true)?;
+        let b = if shared { &second } else { &first }.forward(&ids, true)?;
+        let loss = ((a.sum_all()? * 3.0)? + b.sum_all()?)?;
+        SparseStep::new(SparseSgd::new(ParamsSgd { lr: 1.0 })?)
+            .step(&loss.backward()?, &[&first, &second])?;
+        assert_eq!(row_of(&sgd_table)?, [-1.0, -1.0], "shared {shared}");
+    }
+
+    let adam_table = admitting_table("adam")?;
+    let layer = Embedding::new(Arc::clone(&adam_table), EmbeddingConfig::default())?;
+    let a = layer.forward(&ids, true)?;
+    let b = layer.forward(&ids, true)?;
+    let loss = ((a.sum_all()? * 3.0)? + b.sum_all()?)?;
+    SparseStep::new(adam()?).step(&loss.backward()?, &[&layer])?;
+    let plain = Arc::new(
+        Variable::<i64>::builder("plain")
+            .dim(2)
+            .initializer(Initializer::Constant(0.0))
+            .build()?,
+    );
+    adam()?.apply(&*plain, &[7], &[1.0, 1.0])?;
+    assert_eq!(row_of(&adam_table)?, row_of(&plain)?);
+    for slot in ["m", "v"] {
+        let (mut got, mut want) = ([0.0; 2], [0.0; 2]);
+        adam_table.lookup_slot(adam_table.slot_id(slot)?, &[7], &mut got)?;
+        plain.lookup_slot(plain.slot_id(slot)?, &[7], &mut want)?;
+        assert_eq!(got, want, "slot {slot}");
+    }
     Ok(())
 }
