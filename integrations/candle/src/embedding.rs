@@ -57,7 +57,7 @@ use crate::gather::gather_rows;
 use crate::max_norm::clip_tensor_rows;
 use crate::record::Recorder;
 use crate::regularizer::Regularizer;
-use crate::rows::read_rows;
+use crate::rows::{check_room, read_rows};
 use crate::step::{SparseGrads, SparseModule};
 use crate::unique::Dedup;
 use crate::{Error, IdKey, Ids, Result};
@@ -207,6 +207,7 @@ where
             let rows = read_rows(&**store, &keys, device)?;
             return self.gather(&rows, inverse, shape);
         }
+        check_room(inverse.len(), self.dim())?;
         let rows = self.recorder.read(&keys, device)?;
         let output = self.gather(rows.as_tensor(), inverse, shape)?;
         self.recorder.record(keys, rows)?;

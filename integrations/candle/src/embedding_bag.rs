@@ -128,7 +128,7 @@ use crate::lookup::check_weights;
 use crate::max_norm::clip_tensor_rows;
 use crate::record::Recorder;
 use crate::regularizer::Regularizer;
-use crate::rows::{with_room, zeroed};
+use crate::rows::{check_room, with_room, zeroed};
 use crate::sparse_ids::RowGroups;
 use crate::step::{SparseGrads, SparseModule};
 use crate::unique::Dedup;
@@ -331,10 +331,12 @@ where
         shape.push(dim);
         let entries = BagEntries::new(sp_ids, weights, config.combiner, config.default_id)?;
         if entries.ids.is_empty() {
-            return Ok(Tensor::zeros(shape, DType::F32, &config.device)?);
+            let zeros = zeroed(bags, dim)?;
+            return Ok(Tensor::from_vec(zeros, shape, &config.device)?);
         }
         let unique = Dedup::with_thread_local(|dedup| dedup.unique(&entries.ids))?;
         let (keys, inverse) = unique.into_parts();
+        check_room(inverse.len().saturating_add(bags), dim)?;
         let rows = self.recorder.read(&keys, &config.device)?;
         let clipped = match config.max_norm {
             Some(max_norm) => clip_tensor_rows(rows.as_tensor(), max_norm)?,

@@ -36,6 +36,13 @@ pub(crate) fn reserved(rows: usize, dim: usize) -> Result<Vec<f32>> {
     Ok(values)
 }
 
+/// An error now, before a training read inserts or counts anything, if
+/// an output of `rows * dim` values could not be had later (the room is
+/// asked for and given back).
+pub(crate) fn check_room(rows: usize, dim: usize) -> Result<()> {
+    reserved(rows, dim).map(drop)
+}
+
 /// An empty vector with room for `len` elements, as [`reserved`] (`what`
 /// names the buffer in the error).
 pub(crate) fn with_room<T>(len: usize, what: &str) -> Result<Vec<T>> {

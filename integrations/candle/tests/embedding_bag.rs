@@ -733,3 +733,34 @@ fn bad_input_is_an_error_that_reads_inserts_and_records_nothing() -> TestResult 
     assert!(EmbeddingBag::new(Arc::clone(&var), config).is_err());
     Ok(())
 }
+
+/// An output too large for memory (400 GB) is an error, not an abort, and
+/// a training forward finds out before it reads: nothing is inserted or
+/// counted for admission. Only where the kernel refuses such an
+/// allocation (overcommit heuristics, the default), as the CI machine's.
+#[test]
+fn an_output_too_large_for_memory_is_an_error_before_the_read() -> TestResult {
+    let heuristic = std::fs::read_to_string("/proc/sys/vm/overcommit_memory")
+        .is_ok_and(|mode| mode.trim() == "0");
+    if !heuristic {
+        eprintln!("skipped: the kernel may grant a 400 GB allocation here");
+        return Ok(());
+    }
+    let table = Arc::new(
+        Variable::<i64>::builder("huge")
+            .dim(2048)
+            .admission(dynemb::Admission::Exact { min_count: 1 })
+            .build()?,
+    );
+    let bag = EmbeddingBag::new(Arc::clone(&table), EmbeddingBagConfig::default())?;
+    let shape = [50_000_000, 1];
+    let nothing = SparseIds::from_coo(&[], &[] as &[i64], shape)?;
+    assert!(bag.forward(&nothing, None, true).is_err());
+    assert!(bag.forward(&nothing, None, false).is_err());
+    let one = SparseIds::from_coo(&[[0, 0]], &[7_i64], shape)?;
+    assert!(bag.forward(&one, None, true).is_err());
+    assert_eq!(table.size(), 0);
+    assert_eq!(table.lifecycle_stats().not_admitted_reads, 0);
+    bag.discard_batches();
+    Ok(())
+}
