@@ -412,15 +412,36 @@ impl<K: Key> Variable<K> {
         out: &mut [f32],
         exists: &mut [bool],
     ) -> Result<()> {
+        self.read_with_exists(keys, out, exists, |table, bits, at, out, absent| {
+            table.lookup(bits, at, out, |i, key, row| {
+                absent(at.of(i));
+                self.initial_row(key, row);
+            })
+        })
+    }
+
+    /// A read of `keys` into `out` that flags in `exists` the positions it
+    /// reports absent: checks both lengths, sets every flag, then runs
+    /// `read` on each shard's keys with a callback that clears one.
+    fn read_with_exists(
+        &self,
+        keys: &[K],
+        out: &mut [f32],
+        exists: &mut [bool],
+        mut read: impl FnMut(
+            &Table,
+            &[u64],
+            Positions<'_>,
+            &mut [f32],
+            &mut dyn FnMut(usize),
+        ) -> Result<()>,
+    ) -> Result<()> {
         check_len("out", batch_len(keys.len(), self.dim())?, out.len())?;
         check_len("exists", keys.len(), exists.len())?;
         let split = self.split(keys)?;
         exists.fill(true);
         self.each_share(split, |table, bits, at| {
-            table.lookup(bits, at, out, |i, key, row| {
-                exists[at.of(i)] = false;
-                self.initial_row(key, row);
-            })
+            read(table, bits, at, out, &mut |pos| exists[pos] = false)
         })
     }
 
@@ -446,18 +467,8 @@ impl<K: Key> Variable<K> {
         out: &mut [f32],
         exists: &mut [bool],
     ) -> Result<()> {
-        check_len("out", batch_len(keys.len(), self.dim())?, out.len())?;
-        check_len("exists", keys.len(), exists.len())?;
-        let split = self.split(keys)?;
-        exists.fill(true);
-        self.each_share(split, |table, bits, at| {
-            table.lookup_or_insert(
-                bits,
-                at,
-                out,
-                |key, row| self.initial_row(key, row),
-                |pos| exists[pos] = false,
-            )
+        self.read_with_exists(keys, out, exists, |table, bits, at, out, absent| {
+            table.lookup_or_insert(bits, at, out, |key, row| self.initial_row(key, row), absent)
         })
     }
 
