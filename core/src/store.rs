@@ -98,7 +98,9 @@ pub trait EmbeddingStore: Send + Sync {
     /// row after the read (`keys.len()` flags): false only for a key that
     /// admission has not admitted yet (see
     /// [`Variable::lookup_or_insert_with_exists`]). The default, for a
-    /// store without admission, reads and marks every key.
+    /// store without admission, reads and marks every key: a store that
+    /// wraps one with admission must forward this method too, or layers
+    /// over it train the reads that did not admit.
     fn lookup_or_insert_with_exists(
         &self,
         keys: &[Self::Key],

@@ -572,7 +572,7 @@ impl<R: Rule> Step<R> {
                 // Name the key by its position in the caller's batch.
                 Error::NonFinite { index, value, .. } => Error::NonFinite {
                     what: "optimizer step result",
-                    index: batch.first(index),
+                    index: batch_position(batch, index),
                     value,
                 },
                 Error::OutOfRange {
@@ -582,11 +582,21 @@ impl<R: Rule> Step<R> {
                     ..
                 } => Error::OutOfRange {
                     what: "optimizer step result",
-                    index: batch.first(index),
+                    index: batch_position(batch, index),
                     value,
                     dtype,
                 },
                 e => e,
             })
+    }
+}
+
+/// The caller's batch position of distinct key `index` of `batch`; an index
+/// past the batch's keys (a custom store's error) is kept as it is.
+fn batch_position<K: Clone>(batch: &DedupedRef<'_, K>, index: usize) -> usize {
+    if index < batch.keys.len() {
+        batch.first(index)
+    } else {
+        index
     }
 }

@@ -9,7 +9,8 @@
 //!   step). Only the whole step is timed.
 //! - [`Way::Staged`]: the same calls taken apart at the crate's public
 //!   seams, so each stage is timed: `Ids::from_tensor`; `Dedup::unique`;
-//!   the recorder's `read` (`lookup_or_insert` into a fresh `Var`);
+//!   the recorder's `read` (`lookup_or_insert_with_exists` into a fresh
+//!   `Var`);
 //!   `gather_rows` and `record`; the head; the loss; `backward`; the
 //!   layer's `gather_grads` and `SparseGrads::check`; `AdamW::step`;
 //!   `begin_step`, `SparseGrads::apply` and `discard_batches`. These are the

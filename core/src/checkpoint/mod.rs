@@ -581,14 +581,16 @@ fn check_distinct_files(dir: &Path, manifest: &Manifest) -> Result<()> {
     Ok(())
 }
 
-/// Timestamps further ahead of the local clock than this are refused:
-/// a clock that far off, or a corrupt score, would stall every later stamp.
+/// Timestamps further ahead of the local clock than this are refused: a
+/// score that far ahead is corrupt, or written by a clock too wrong to
+/// trust. Those within it are applied as the current time
+/// ([`clamp_to_clock`]).
 const MAX_CLOCK_AHEAD_NS: u64 = 24 * 3600 * 1_000_000_000;
 
 /// Locks the checkpoint at `dir` against saves and reads and checks all of
 /// it against `variable` (manifest, every file's size, checksum, tensors and
 /// values, every key's shard under the variable's partitioner, timestamps
-/// not ahead of the clock) without changing anything.
+/// at most a day ahead of the clock) without changing anything.
 pub(crate) fn verify<K: Key>(variable: &Variable<K>, dir: &Path) -> Result<Verified> {
     verify_with::<K>(
         dir,

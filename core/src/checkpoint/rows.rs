@@ -13,7 +13,6 @@ use super::files::{self, FileRows, FloatDtypes, KeyCodec};
 use super::manifest::{Manifest, SlotEntry, FORMAT, VERSION};
 use super::{for_each_file, save_with, verify_with, FilesWriter, Verified};
 use crate::checks::{check_fits, check_len};
-use crate::restrict::clamp_to_clock;
 use crate::{Dtype, Error, Key, RestrictPolicy, Result};
 use std::marker::PhantomData;
 use std::path::Path;
@@ -240,7 +239,8 @@ impl<K: Key> Reader<K> {
     /// Opens the checkpoint at `dir` for a table called `name` (used in
     /// errors) with keys `K` and rows of `dim` values, and checks all of it
     /// (index, every file's size, checksum, tensors, dtypes, shapes, finite
-    /// values, timestamps not ahead of the clock) without returning a row:
+    /// values, timestamps at most a day ahead of the clock) without
+    /// returning a row:
     /// a checkpoint of another key type or dim is an [`Error::Mismatch`],
     /// a damaged one an [`Error::Checkpoint`].
     pub fn open(dir: impl AsRef<Path>, name: &str, dim: usize) -> Result<Reader<K>> {
@@ -276,16 +276,14 @@ impl<K: Key> Reader<K> {
 
     /// Calls `visit` with the rows of each data file in turn (read and
     /// checked again as they are read; a file that changed since
-    /// [`Reader::open`] is an error). Timestamp scores ahead of this
-    /// process's clock are clamped to it (see [`clamp_to_clock`]).
+    /// [`Reader::open`] is an error). The scores are as stored: a table
+    /// applying them clamps timestamps ahead of its clock
+    /// ([`clamp_to_clock`](crate::restrict::clamp_to_clock)), as restore
+    /// and load do.
     pub fn for_each(&self, mut visit: impl FnMut(Rows<K>) -> Result<()>) -> Result<()> {
         let (dir, manifest) = (&self.verified.dir, &self.verified.manifest);
-        let timestamps = manifest.policy() == Some(RestrictPolicy::Timestamp);
         let codec = KeyCodec::for_type(K::TYPE_NAME);
-        for_each_file(dir, manifest, codec, |mut rows| {
-            if let (true, Some(scores)) = (timestamps, rows.scores.as_deref_mut()) {
-                clamp_to_clock(scores);
-            }
+        for_each_file(dir, manifest, codec, |rows| {
             visit(Rows {
                 keys: rows.keys.into_iter().map(K::from_bits).collect(),
                 values: rows.values,

@@ -9,13 +9,15 @@
 //! whose one-argument `forward` could not tell the two apart):
 //! - **training** ([`Embedding::forward_train`]): the batch's ids are
 //!   deduplicated, the distinct keys' rows are read with
-//!   `lookup_or_insert` (missing keys are inserted with the initializer's
-//!   row) into one fresh variable `[n_unique, dim]`, and gathered back to
+//!   `lookup_or_insert_with_exists` (missing keys are inserted with the
+//!   initializer's row, unless admission has not admitted them yet) into
+//!   one fresh variable `[n_unique, dim]`, and gathered back to
 //!   the ids' positions ([`gather_rows`]: `index_select`'s values, with a
 //!   backward split over threads). The keys and the variable are
 //!   recorded ([`crate::record`]) for [`SparseStep`](crate::SparseStep),
-//!   which applies the variable's gradient after `loss.backward()`; each
-//!   call records one batch. After the read, the store is asked, on a
+//!   which applies the variable's gradient after `loss.backward()`, but
+//!   for the rows of keys the read left without a row (not admitted: their
+//!   gradient is dropped); each call records one batch. After the read, the store is asked, on a
 //!   low-priority thread of its own, to back the rows of as many new keys
 //!   as the batch had distinct keys with memory
 //!   (`EmbeddingStore::reserve_rows`: for a `Variable`, the kernel zeroes

@@ -37,7 +37,7 @@
 //! - **Training** ([`EmbeddingBag::forward_train`]): the bags' ids (the
 //!   kept entries grouped by bag, then `default_id` once per empty bag) are
 //!   deduplicated ([`Dedup`]); the distinct rows are read with
-//!   `lookup_or_insert` into one variable `[n_unique, dim]`
+//!   `lookup_or_insert_with_exists` into one variable `[n_unique, dim]`
 //!   ([`Recorder::read`]: one store call, then the next batch's rows
 //!   backed ahead, as for [`Embedding`](crate::Embedding)), clipped,
 //!   gathered per entry

@@ -129,7 +129,10 @@ pub fn lookup_or_insert<S: EmbeddingStore>(
 
 /// [`EmbeddingStore::lookup_or_insert_with_exists`], split over candle's
 /// threads (see the [module docs](self)): [`lookup_or_insert`], also
-/// setting `exists[i]` to whether `keys[i]` has a row after the read.
+/// setting `exists[i]` to whether `keys[i]` has a row after the read. For
+/// distinct keys (what the layers read) the flags are what one call would
+/// set; a key repeated across chunks is counted by admission in whichever
+/// order the threads reach it.
 pub fn lookup_or_insert_with_exists<S: EmbeddingStore>(
     store: &S,
     keys: &[S::Key],

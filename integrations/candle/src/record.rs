@@ -4,9 +4,12 @@
 //! A training forward reads a batch's distinct rows into one fresh
 //! variable `[n_unique, dim]` (never one variable for a whole table:
 //! candle's `index_select` backward allocates a gradient as large as its
-//! source) and records the keys with it ([`RecordedBatch`]). After
+//! source) and records the keys with it ([`RecordedBatch`]), with the keys
+//! the read left without a row (admission had not admitted them). After
 //! `loss.backward()`, the variable's gradient in the `GradStore` is the
-//! gradient of each distinct key's row, summed over the batch's positions.
+//! gradient of each distinct key's row, summed over the batch's positions;
+//! a step applies it but for the keys without a row, whose gradient is
+//! dropped.
 //!
 //! A [`Recorder`] holds a layer's store and the batches recorded since the
 //! last step, in order: a layer called several times before a step (the
@@ -246,6 +249,7 @@ impl<S: EmbeddingStore + 'static> Recorder<S> {
         grads: &GradStore,
         into: &mut SparseGrads<R>,
     ) -> Result<()> {
+        let dim = self.store.dim();
         for (i, batch) in self.batches().iter().enumerate() {
             let grad = grads.get(batch.rows.as_tensor()).ok_or_else(|| {
                 Error::invalid(format!(
@@ -255,6 +259,14 @@ impl<S: EmbeddingStore + 'static> Recorder<S> {
                     self.store.name()
                 ))
             })?;
+            if grad.dims() != [batch.keys.len(), dim] {
+                return Err(Error::invalid(format!(
+                    "gradient of batch {i} of embedding {:?}: expected shape [{}, {dim}], got {:?}",
+                    self.store.name(),
+                    batch.keys.len(),
+                    grad.dims()
+                )));
+            }
             match &batch.stored {
                 None => into.push(
                     &self.store,

@@ -37,8 +37,9 @@ pub(crate) fn reserved(rows: usize, dim: usize) -> Result<Vec<f32>> {
 }
 
 /// An error now, before a training read inserts or counts anything, if
-/// an output of `rows * dim` values could not be had later (the room is
-/// asked for and given back).
+/// the room for an output of `rows * dim` values cannot be had at this
+/// check (it is asked of the host's allocator and given back; a later
+/// allocation may still fail).
 pub(crate) fn check_room(rows: usize, dim: usize) -> Result<()> {
     reserved(rows, dim).map(drop)
 }
@@ -93,6 +94,13 @@ pub struct TrainRows {
 }
 
 impl TrainRows {
+    /// Rows read by other means, every key stored: what
+    /// [`Recorder::record`](crate::Recorder::record) takes for rows a
+    /// caller read itself.
+    pub fn from_var(var: Var) -> Self {
+        TrainRows { var, stored: None }
+    }
+
     /// The variable `[keys.len(), dim]` holding the rows.
     pub fn var(&self) -> &Var {
         &self.var

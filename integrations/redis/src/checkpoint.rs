@@ -193,7 +193,12 @@ impl<K: Key> RedisVariable<K> {
         if replace {
             self.mark_restoring(&label)?;
         }
-        reader.for_each(|rows| {
+        let stamps = restore_scores && self.restrict_policy() == Some(RestrictPolicy::Timestamp);
+        reader.for_each(|mut rows| {
+            // As a local restore: a stamp ahead of this clock counts as now.
+            if let (true, Some(scores)) = (stamps, rows.scores.as_deref_mut()) {
+                dynemb::restrict::clamp_to_clock(scores);
+            }
             let n = rows.keys.len();
             let mut at = 0;
             while at < n {

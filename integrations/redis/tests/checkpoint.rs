@@ -274,3 +274,46 @@ fn frequency_counts_saturate_as_locally() {
         far.destroy().unwrap();
     }
 }
+
+/// A timestamp ahead of this machine's clock (accepted: within a day) is
+/// restored into Redis as the current time, as into a local table.
+#[test]
+fn stamps_ahead_of_the_clock_are_restored_as_now() {
+    use dynemb::checkpoint::{save_rows, Rows, TableInfo};
+    use dynemb_test_support::servers::unique_name;
+    let Some(server) = Server::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let now = dynemb::restrict::next_timestamp();
+    let ahead = now + 2 * 3_600_000_000_000;
+    let info = TableInfo {
+        name: "emb".into(),
+        dim: DIM,
+        slots: vec![],
+        scores: Some(RestrictPolicy::Timestamp),
+        shards: 1,
+        value_dtype: dynemb::Dtype::F32,
+        slot_dtype: dynemb::Dtype::F32,
+    };
+    let rows = Rows::<i64> {
+        keys: vec![1, 2],
+        values: vec![0.5; 2 * DIM],
+        slots: vec![],
+        scores: Some(vec![now - 1, ahead]),
+    };
+    save_rows(dir.path(), &info, [Ok(rows)]).unwrap();
+    let redis = RedisVariable::open(
+        Variable::<i64>::builder(unique_name("ahead").as_str())
+            .dim(DIM)
+            .restrict_policy(RestrictPolicy::Timestamp),
+        server.config(),
+    )
+    .unwrap();
+    redis.restore(dir.path()).unwrap();
+    let mut scores = [0; 2];
+    redis.lookup_scores(&[1, 2], &mut scores).unwrap();
+    assert_eq!(scores[0], now - 1, "a past stamp is kept");
+    assert!(scores[1] > now && scores[1] < ahead, "{scores:?}");
+    redis.destroy().unwrap();
+}

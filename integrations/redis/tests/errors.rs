@@ -141,8 +141,8 @@ fn settings_that_cannot_work_are_errors_at_open() {
 /// What a Redis table cannot honour is refused at open, before any
 /// server is asked (the config names a port nothing listens on): more
 /// than one shard and a custom partitioner, each with an error that says
-/// why; an empty name, and one with a colon or braces. A capacity hint is accepted (it reaches the
-/// servers, whose absence is then the error).
+/// why; an empty name, and one with a colon or braces. A capacity hint is
+/// accepted (it reaches the servers, whose absence is then the error).
 #[test]
 fn settings_a_redis_table_cannot_honour_are_refused_before_connecting() {
     let nowhere = RedisConfig::with_nodes([format!("127.0.0.1:{}", absent_port())]);

@@ -8,7 +8,8 @@
 //! Rows are `dynemb-redis`'s layout: an 8-byte version, an 8-byte score,
 //! then `f32`s, all little-endian. Scores follow the restrict policy's
 //! mode: `n` (none: 0), `f` (frequency: +1 per write, an insert counting
-//! as the first) or `t` (timestamp: the batch's stamp).
+//! as the first, saturating at `u64::MAX`) or `t` (timestamp: the batch's
+//! stamp).
 //!
 //! Invariant: a function either returns every row to write and its reply,
 //! or an error and nothing to write (a malformed call changes nothing).
