@@ -51,14 +51,19 @@ pub fn check_finite(what: &'static str, values: &[f32]) -> Result<()> {
 pub fn check_fits(what: &'static str, values: &[f32], dtype: Dtype) -> Result<()> {
     let non_finite = first_non_finite(values);
     let finite = &values[..non_finite.unwrap_or(values.len())];
-    match dtype.first_out_of_range(finite) {
-        Some(index) => Err(Error::OutOfRange {
+    match (dtype.first_out_of_range(finite), non_finite) {
+        (Some(index), _) => Err(Error::OutOfRange {
             what,
             index,
             value: values[index],
             dtype,
         }),
-        None => check_finite(what, values),
+        (None, Some(index)) => Err(Error::NonFinite {
+            what,
+            index,
+            value: values[index],
+        }),
+        (None, None) => Ok(()),
     }
 }
 
