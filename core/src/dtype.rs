@@ -84,11 +84,9 @@ impl Dtype {
                 for v in values {
                     let bits = v.to_bits();
                     let rounded = bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) & 0xffff_0000;
-                    *v = if v.is_nan() {
-                        f32::from_bits(bits | 0x0040_0000)
-                    } else {
-                        f32::from_bits(rounded)
-                    };
+                    let quiet = bits | 0x0040_0000;
+                    // A select, not a branch, so the loop vectorizes.
+                    *v = f32::from_bits(if v.is_nan() { quiet } else { rounded });
                 }
             }
         }
@@ -111,24 +109,43 @@ impl Dtype {
     /// [fit](Dtype::fits) the dtype (non-finite elements are not looked
     /// at: they are another error).
     pub fn first_out_of_range(self, values: &[f32]) -> Option<usize> {
-        let limit = match self {
-            Dtype::F32 => return None,
-            // The smallest magnitude that rounds to infinity: half-way
-            // between the largest finite value and the next power of two.
+        if self == Dtype::F32 {
+            return None;
+        }
+        let limit = self.unfit_magnitude();
+        first_where(values, |v| v.is_finite() && v.abs() >= limit)
+    }
+
+    /// The first element of `values` that does not [fit](Dtype::fits) the
+    /// dtype: not finite, or out of range. One pass.
+    pub(crate) fn first_unfit(self, values: &[f32]) -> Option<usize> {
+        let limit = self.unfit_magnitude();
+        first_where(values, |v| !v.is_finite() || v.abs() >= limit)
+    }
+
+    /// The smallest magnitude that does not fit: half-way between the
+    /// largest finite value and the next power of two (it rounds to
+    /// infinity), or infinity for `f32`.
+    fn unfit_magnitude(self) -> f32 {
+        match self {
+            Dtype::F32 => f32::INFINITY,
             Dtype::F16 => 65520.0,
             Dtype::Bf16 => f32::from_bits(0x7f7f_8000),
-        };
-        let out = |v: &f32| v.is_finite() && v.abs() >= limit;
-        // Blocks without an early exit, which the compiler vectorizes; the
-        // block with an offender is searched.
-        const BLOCK: usize = 16;
-        values.chunks(BLOCK).enumerate().find_map(|(b, block)| {
-            block
-                .iter()
-                .fold(false, |any, v| any | out(v))
-                .then(|| b * BLOCK + block.iter().position(out).unwrap_or(0))
-        })
+        }
     }
+}
+
+/// The first element of `values` that is `out`: blocks without an early
+/// exit, which the compiler vectorizes; the block with one is searched.
+#[inline]
+fn first_where(values: &[f32], out: impl Fn(f32) -> bool) -> Option<usize> {
+    const BLOCK: usize = 16;
+    values.chunks(BLOCK).enumerate().find_map(|(b, block)| {
+        block
+            .iter()
+            .fold(false, |any, &v| any | out(v))
+            .then(|| b * BLOCK + block.iter().position(|&v| out(v)).unwrap_or(0))
+    })
 }
 
 impl fmt::Display for Dtype {
@@ -221,6 +238,32 @@ mod tests {
             Dtype::F16.first_out_of_range(&[1.0, f32::NAN, -1e5]),
             Some(2)
         );
+    }
+
+    #[test]
+    fn first_unfit_finds_the_first_value_that_does_not_fit() {
+        let edges = [
+            1.0,
+            65504.0,
+            65520.0,
+            -7e4,
+            f32::MAX,
+            f32::NAN,
+            f32::INFINITY,
+            -0.0,
+        ];
+        for dtype in Dtype::ALL {
+            for len in [0, 1, 15, 16, 17, 40] {
+                for at in 0..len {
+                    for &bad in &edges {
+                        let mut values = vec![0.5f32; len];
+                        values[at] = bad;
+                        let naive = values.iter().position(|&v| !dtype.fits(v));
+                        assert_eq!(dtype.first_unfit(&values), naive, "{dtype} {bad} at {at}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -60,7 +60,6 @@ use crate::checks::{batch_len, check_fits, check_len, check_slot_list};
 use crate::lifecycle::admission::Admitter;
 use crate::lifecycle::delivery::HeldDeliveries;
 use crate::lifecycle::{EvictedRows, LifecycleStats, ShardListener, DEFAULT_PENDING_BOUND};
-use crate::raw::kernels::first_non_finite;
 use crate::raw::{ExportColumns, ExportedRows, Lifecycle, Positions, RowFormat, Table};
 use crate::{
     Dtype, Error, Initializer, Key, Partitioner, RestrictPolicy, Result, Rounding, TableOptions,
@@ -192,9 +191,7 @@ impl Refused {
 /// The first value of `values` that does not fit `dtype` (not finite, or
 /// out of its range), if any.
 fn first_unfit(values: &[f32], dtype: Dtype) -> Option<f32> {
-    first_non_finite(values)
-        .or_else(|| dtype.first_out_of_range(values))
-        .map(|i| values[i])
+    dtype.first_unfit(values).map(|i| values[i])
 }
 
 impl<K: Key> Variable<K> {

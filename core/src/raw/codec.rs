@@ -8,12 +8,13 @@
 //!
 //! A codec may XOR-encode every value with the bits of an initial value (a
 //! slot column's, see [`rows`](super::rows)): zeroed words then read as
-//! that value. Half-precision values are converted through small stack
-//! buffers with `half`'s slice conversions; rounding is to nearest even
-//! except in [`Codec::store_stochastic`]. Rows are written with
-//! [`store_words`] and copied out with [`load_words`] (accesses that behave
-//! as Relaxed atomic word accesses, as in the kernels); the caller's seqlock
-//! orders them.
+//! that value. Half-precision values are converted sixteen at a time
+//! through fixed stack buffers (f16 with `half`'s conversions), and the
+//! words past the last whole block one at a time; rounding is to nearest
+//! even except in [`Codec::store_stochastic`]. Rows are copied with
+//! [`bulk`](super::bulk)'s vector copies or word atomics, both Relaxed
+//! atomic word accesses (or accesses that behave as them); the caller's
+//! seqlock orders them.
 
 use super::bulk::{load_words, store_words};
 use super::kernels::{
@@ -22,12 +23,18 @@ use super::kernels::{
 use crate::Dtype;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use half::{bf16, f16};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Values converted per step through the stack buffers.
+/// Values summed per step in [`Codec::add_if_fits`]'s stack buffer.
 const CHUNK: usize = 64;
 /// Half-precision values per word.
 const HALVES: usize = 4;
+/// Half-precision values per block of the copies (four words): value
+/// `4i + j` is bits `16j..` of word `i`, so on a little-endian machine the
+/// block's image is its halves in order.
+const BLOCK_HALVES: usize = 16;
+/// Words per block of the copies.
+const BLOCK_WORDS: usize = BLOCK_HALVES / HALVES;
 
 /// How a column stores its values (module docs).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -70,95 +77,51 @@ impl Codec {
     }
 
     /// Copies a row out: `out[..] = row`, widened to `f32`. Halves are
-    /// copied a chunk at a time into a stack buffer (see
-    /// [`bulk`](super::bulk)) and widened there: a bf16 is the top
-    /// half of an `f32`, so widening it is a shift the compiler vectorizes.
+    /// copied a block of [`BLOCK_HALVES`] at a time into a fixed stack
+    /// buffer (with [`load_words`]' vector copy) and widened there, which
+    /// the compiler vectorizes: a bf16 is the top half of an `f32`, so
+    /// widening it is a shift; f16 goes through `half`'s conversion (F16C
+    /// where the CPU has it). The words past the last whole block are
+    /// copied one at a time.
     #[inline]
     pub(crate) fn load(self, row: &[AtomicU64], out: &mut [f32]) {
         if self.dtype == Dtype::F32 {
             return load_row_xor(row, self.mask, out);
         }
-        let mut words = [0u64; CHUNK / HALVES];
-        let mut split = [0u16; CHUNK];
-        for (row, out) in row.chunks(CHUNK / HALVES).zip(out.chunks_mut(CHUNK)) {
-            let words = &mut words[..row.len()];
-            load_words(row, bytemuck::cast_slice_mut(words));
-            if self.mask != 0 {
-                words.iter_mut().for_each(|w| *w ^= self.mask);
-            }
-            let halves: &[u16] = if cfg!(target_endian = "little") {
-                // Value `4i + j` is bits `16j..` of word `i`: on a
-                // little-endian machine, half `4i + j` of the words' image.
-                bytemuck::cast_slice(words)
-            } else {
-                for (&w, four) in words.iter().zip(split.chunks_exact_mut(HALVES)) {
-                    for (j, b) in four.iter_mut().enumerate() {
-                        *b = (w >> (16 * j)) as u16;
-                    }
-                }
-                &split[..HALVES * words.len()]
-            };
-            // The common prefix, should the lengths disagree.
-            let n = out.len().min(halves.len());
-            let (halves, out) = (&halves[..n], &mut out[..n]);
-            match self.dtype {
-                Dtype::F16 => halves.reinterpret_cast::<f16>().convert_to_f32_slice(out),
-                _ => {
-                    for (o, &h) in out.iter_mut().zip(halves) {
-                        *o = f32::from_bits(u32::from(h) << 16);
-                    }
-                }
-            }
+        let blocks = whole_blocks(row, out.len());
+        let (head, tail) = out.split_at_mut(blocks * BLOCK_HALVES);
+        for (words, out) in row
+            .chunks_exact(BLOCK_WORDS)
+            .zip(head.chunks_exact_mut(BLOCK_HALVES))
+        {
+            let mut block = [0u64; BLOCK_WORDS];
+            load_words(words, bytemuck::bytes_of_mut(&mut block));
+            block.iter_mut().for_each(|w| *w ^= self.mask);
+            self.widen(&bytemuck::cast::<_, [u16; BLOCK_HALVES]>(block), out);
+        }
+        // The common prefix, should the lengths disagree: `zip` stops at
+        // the shorter of the words and the groups of four values.
+        for (word, four) in row[blocks * BLOCK_WORDS..]
+            .iter()
+            .zip(tail.chunks_mut(HALVES))
+        {
+            let word = word.load(Ordering::Relaxed) ^ self.mask;
+            let halves: [u16; HALVES] = std::array::from_fn(|j| (word >> (16 * j)) as u16);
+            self.widen(&halves[..four.len()], four);
         }
     }
 
-    /// [`Codec::store`] of bf16: each value rounded to nearest even by
-    /// adding half a unit (less one, plus the kept lowest bit) and cutting
-    /// the low 16 bits, as `half::bf16::from_f32` rounds a finite value
-    /// (the caller stores no NaN), four values a word.
+    /// `out[..] = halves`, widened to `f32` (equal lengths).
     #[inline]
-    fn store_bf16(self, row: &[AtomicU64], src: &[f32]) {
-        let round = |v: f32| {
-            let bits = v.to_bits();
-            (bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16) as u16
-        };
-        let mut bits = [0u16; CHUNK];
-        for (row, src) in row.chunks(CHUNK / HALVES).zip(src.chunks(CHUNK)) {
-            for (b, &v) in bits.iter_mut().zip(src) {
-                *b = round(v);
-            }
-            self.store_chunk(row, &mut bits, src.len());
-        }
-    }
-
-    /// Stores one chunk of halves, `bits[..used]`, into the words `row`
-    /// (at most `CHUNK / HALVES`), the rest of the last word padded with
-    /// the encoded initial value, packed in a stack buffer first.
-    #[inline]
-    fn store_chunk(self, row: &[AtomicU64], bits: &mut [u16; CHUNK], used: usize) {
-        let mut words = [0u64; CHUNK / HALVES];
-        bits[used..].fill((self.mask & 0xffff) as u16);
-        // The words the values reach (the common prefix, should the lengths
-        // disagree).
-        let row = &row[..used.div_ceil(HALVES).min(row.len())];
-        let words = &mut words[..row.len()];
-        if cfg!(target_endian = "little") {
-            // Value `4i + j` is bits `16j..` of word `i`: on a little-endian
-            // machine, half `4i + j` of the words' image.
-            let image: &mut [u16] = bytemuck::cast_slice_mut(words);
-            image.copy_from_slice(&bits[..image.len()]);
-        } else {
-            for (w, four) in words.iter_mut().zip(bits.chunks_exact(HALVES)) {
-                *w = four
-                    .iter()
-                    .enumerate()
-                    .fold(0u64, |w, (j, &b)| w | (u64::from(b) << (16 * j)));
+    fn widen(self, halves: &[u16], out: &mut [f32]) {
+        match self.dtype {
+            Dtype::F16 => halves.reinterpret_cast::<f16>().convert_to_f32_slice(out),
+            _ => {
+                for (o, &h) in out.iter_mut().zip(halves) {
+                    *o = f32::from_bits(u32::from(h) << 16);
+                }
             }
         }
-        if self.mask != 0 {
-            words.iter_mut().for_each(|w| *w ^= self.mask);
-        }
-        store_words(row, bytemuck::cast_slice(words));
     }
 
     /// Overwrites a row: `row = src`, rounded to nearest even. Every value
@@ -169,8 +132,15 @@ impl Codec {
         match self.dtype {
             Dtype::F32 if self.mask == 0 => store_row(row, src),
             Dtype::F32 => store_row_xor(row, self.mask, src),
-            Dtype::Bf16 => self.store_bf16(row, src),
-            Dtype::F16 => self.store_halves(row, src, |_, _| {}),
+            Dtype::Bf16 => self.store_halves(row, src, |_, values, bits| {
+                for (b, &v) in bits.iter_mut().zip(values) {
+                    *b = bf16_nearest_even(v);
+                }
+            }),
+            Dtype::F16 => self.store_halves(row, src, |_, values, bits| {
+                bits.reinterpret_cast_mut::<f16>()
+                    .convert_from_f32_slice(values);
+            }),
         }
     }
 
@@ -184,35 +154,51 @@ impl Codec {
         if self.dtype != Dtype::Bf16 {
             return self.store(row, src);
         }
-        self.store_halves(row, src, |at, bits| {
-            for (i, (b, &v)) in bits.iter_mut().zip(&src[at..]).enumerate() {
-                *b = stochastic_bf16(v, random_u16(noise, (at + i) as u64)).unwrap_or(*b);
+        self.store_halves(row, src, |at, values, bits| {
+            for (j, (b, &v)) in bits.iter_mut().zip(values).enumerate() {
+                let random = random_u16(noise, (at + j) as u64);
+                *b = stochastic_bf16(v, random).unwrap_or_else(|| bf16_nearest_even(v));
             }
         });
     }
 
-    /// Stores `src` as halves, chunk by chunk: each chunk is rounded to
-    /// nearest even, then `adjust(first value's index, bits)` may change
-    /// its bits.
+    /// Stores `src` as halves: `encode(first value's index, values, bits)`
+    /// sets `bits` (as many as `values`) to the halves of `values`. Whole
+    /// blocks of [`BLOCK_HALVES`] are encoded into a fixed stack buffer and
+    /// stored with [`store_words`]' vector copy; the rest a word (four
+    /// values) at a time, the rest of a last, partial word padded with the
+    /// encoded initial value. Writes only the words the values reach (the
+    /// common prefix, should the lengths disagree).
     #[inline]
-    fn store_halves(self, row: &[AtomicU64], src: &[f32], adjust: impl Fn(usize, &mut [u16])) {
-        let mut bits = [0u16; CHUNK];
-        for (c, (words, src)) in row
-            .chunks(CHUNK / HALVES)
-            .zip(src.chunks(CHUNK))
+    fn store_halves(
+        self,
+        row: &[AtomicU64],
+        src: &[f32],
+        encode: impl Fn(usize, &[f32], &mut [u16]),
+    ) {
+        let blocks = whole_blocks(row, src.len());
+        let (head, tail) = src.split_at(blocks * BLOCK_HALVES);
+        for (b, (words, src)) in row
+            .chunks_exact(BLOCK_WORDS)
+            .zip(head.chunks_exact(BLOCK_HALVES))
             .enumerate()
         {
-            let used = &mut bits[..src.len()];
-            match self.dtype {
-                Dtype::F16 => used
-                    .reinterpret_cast_mut::<f16>()
-                    .convert_from_f32_slice(src),
-                _ => used
-                    .reinterpret_cast_mut::<bf16>()
-                    .convert_from_f32_slice(src),
-            }
-            adjust(c * CHUNK, used);
-            self.store_chunk(words, &mut bits, src.len());
+            let mut halves = [0u16; BLOCK_HALVES];
+            encode(b * BLOCK_HALVES, src, &mut halves);
+            let mut block: [u64; BLOCK_WORDS] = bytemuck::cast(halves);
+            block.iter_mut().for_each(|w| *w ^= self.mask);
+            store_words(words, bytemuck::bytes_of(&block));
+        }
+        let words = row[blocks * BLOCK_WORDS..].iter().zip(tail.chunks(HALVES));
+        for (i, (word, four)) in words.enumerate() {
+            let mut halves = [0u16; HALVES];
+            encode(head.len() + i * HALVES, four, &mut halves[..four.len()]);
+            let lanes = u64::MAX >> (16 * (HALVES - four.len()));
+            let bits = halves
+                .iter()
+                .enumerate()
+                .fold(0, |word, (j, &h)| word | (u64::from(h) << (16 * j)));
+            word.store((bits ^ self.mask) & lanes, Ordering::Relaxed);
         }
     }
 
@@ -269,6 +255,27 @@ fn random_u16(noise: u64, index: u64) -> u16 {
     (word >> (16 * (index % 4))) as u16
 }
 
+/// Whole blocks of [`BLOCK_HALVES`] values that both `row` and `values`
+/// reach, copied through the stack buffers; none on a big-endian
+/// machine, where a word's image is not its halves in order.
+#[inline]
+fn whole_blocks(row: &[AtomicU64], values: usize) -> usize {
+    if cfg!(target_endian = "little") {
+        (row.len() / BLOCK_WORDS).min(values / BLOCK_HALVES)
+    } else {
+        0
+    }
+}
+
+/// bf16 bits of a finite `value` rounded to nearest even: add half a unit
+/// (less one, plus the kept lowest bit) and cut the low 16 bits, as
+/// `half::bf16::from_f32` rounds a finite value.
+#[inline]
+fn bf16_nearest_even(value: f32) -> u16 {
+    let bits = value.to_bits();
+    (bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16) as u16
+}
+
 /// SplitMix64's finalizer: a bijective mix of 64 bits.
 #[inline]
 pub(crate) fn mix(mut z: u64) -> u64 {
@@ -304,6 +311,23 @@ mod tests {
             codec.load(&row, &mut out);
             assert_eq!(&out[..4], [1.0, 2.0, 3.0, 4.0], "{dtype}");
             assert!(out[4..].iter().all(|&v| v == 9.0), "{dtype}");
+            // Past a whole block of sixteen: a row one block long keeps the
+            // block of a longer source, and a longer row takes the values
+            // past the block a word at a time.
+            let src: Vec<f32> = (1..=20).map(|v| v as f32).collect();
+            let block = column(4);
+            codec.store(&block, &src);
+            let mut out = vec![9.0f32; 20];
+            codec.load(&block, &mut out);
+            assert_eq!(out[..16], src[..16], "{dtype}");
+            assert!(out[16..].iter().all(|&v| v == 9.0), "{dtype}");
+            let longer = column(6);
+            codec.store(&longer, &src[..17]);
+            assert!(longer[5].load(Relaxed) == 0, "{dtype}");
+            let mut out = vec![9.0f32; 24];
+            codec.load(&longer, &mut out);
+            assert_eq!(out[..17], src[..17], "{dtype}");
+            assert!(out[17..20].iter().all(|&v| v == 0.0), "{dtype}: padding");
         }
     }
 
@@ -406,6 +430,13 @@ mod tests {
             .zip(&again)
             .all(|(a, b)| a.load(Relaxed) == b.load(Relaxed));
         assert!(same, "the same noise stores the same bits");
+        // A value's noise is its index's, whether it is stored in a whole
+        // block or in the words past the last one.
+        let short = column(codec.words(19));
+        codec.store_stochastic(&short, &src[..19], 42);
+        let mut head = [0.0; 19];
+        codec.load(&short, &mut head);
+        assert_eq!(head, out[..19]);
         // Exact values stay exact, and the largest bf16 never becomes
         // infinite.
         let exact = [1.0, -0.5, f32::from_bits(0x7f7f_0000)];
