@@ -94,10 +94,10 @@ impl Codec {
             .chunks_exact(BLOCK_WORDS)
             .zip(head.chunks_exact_mut(BLOCK_HALVES))
         {
-            let mut block = [0u64; BLOCK_WORDS];
-            load_words(words, bytemuck::bytes_of_mut(&mut block));
-            block.iter_mut().for_each(|w| *w ^= self.mask);
-            self.widen(&bytemuck::cast::<_, [u16; BLOCK_HALVES]>(block), out);
+            let mut halves = [0u16; BLOCK_HALVES];
+            load_words(words, bytemuck::bytes_of_mut(&mut halves));
+            self.unmask(&mut halves);
+            self.widen(&halves, out);
         }
         // The common prefix, should the lengths disagree: `zip` stops at
         // the shorter of the words and the groups of four values.
@@ -111,8 +111,20 @@ impl Codec {
         }
     }
 
+    /// XORs a block's halves with the mask (encoding and decoding are the
+    /// same), on the halves themselves: the block is copied in and out
+    /// with 16-byte accesses, and working on it in words would make its
+    /// vector reads wait for narrower stores.
+    #[inline(always)]
+    fn unmask(self, halves: &mut [u16; BLOCK_HALVES]) {
+        if self.mask != 0 {
+            let lane = (self.mask & 0xffff) as u16;
+            halves.iter_mut().for_each(|h| *h ^= lane);
+        }
+    }
+
     /// `out[..] = halves`, widened to `f32` (equal lengths).
-    #[inline]
+    #[inline(always)]
     fn widen(self, halves: &[u16], out: &mut [f32]) {
         match self.dtype {
             Dtype::F16 => halves.reinterpret_cast::<f16>().convert_to_f32_slice(out),
@@ -185,9 +197,8 @@ impl Codec {
         {
             let mut halves = [0u16; BLOCK_HALVES];
             encode(b * BLOCK_HALVES, src, &mut halves);
-            let mut block: [u64; BLOCK_WORDS] = bytemuck::cast(halves);
-            block.iter_mut().for_each(|w| *w ^= self.mask);
-            store_words(words, bytemuck::bytes_of(&block));
+            self.unmask(&mut halves);
+            store_words(words, bytemuck::bytes_of(&halves));
         }
         let words = row[blocks * BLOCK_WORDS..].iter().zip(tail.chunks(HALVES));
         for (i, (word, four)) in words.enumerate() {
