@@ -886,7 +886,13 @@ impl<K: Key> Variable<K> {
                     update(i, values, slot_rows);
                     let bad = first_unfit(values, value_dtype)
                         .map(|v| (v, value_dtype))
-                        .or_else(|| first_unfit(slot_rows, slot_dtype).map(|v| (v, slot_dtype)));
+                        .or_else(|| first_unfit(slot_rows, slot_dtype).map(|v| (v, slot_dtype)))
+                        .map(|(v, dtype)| {
+                            // A row with a NaN or an infinity is refused
+                            // as `NonFinite`, whatever else it holds.
+                            let mut row = values.iter().chain(&*slot_rows).copied();
+                            (row.find(|v| !v.is_finite()).unwrap_or(v), dtype)
+                        });
                     if let Some((value, dtype)) = bad {
                         refused.note(i, value, dtype);
                     }

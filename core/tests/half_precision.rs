@@ -864,6 +864,23 @@ fn an_update_out_of_range_refuses_that_row_for_values_and_for_slots() {
             "{r:?}"
         );
         assert!(!dynemb_test_support::present(&var, &[9])[0]);
+        // A row with a NaN anywhere is NonFinite, even after a value out
+        // of range, in its values or in its slots.
+        for nan_in_slot in [false, true] {
+            let r = var.update_rows(&[1], &[m], |_, v, s| {
+                v[0] = 70000.0;
+                s[0] = 70000.0;
+                if nan_in_slot {
+                    s[2] = f32::NAN;
+                } else {
+                    v[2] = f32::NAN;
+                }
+            });
+            assert!(
+                matches!(r, Err(Error::NonFinite { index: 0, value, .. }) if value.is_nan()),
+                "{r:?}"
+            );
+        }
     }
 }
 
