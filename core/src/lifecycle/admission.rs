@@ -7,7 +7,9 @@
 //!   most its share of the pending bound, so the counter never holds more
 //!   keys than the bound in all. Each stripe publishes where its map's
 //!   entries are ([`ProbeHint`]), so a batch prefetches a key's entry a
-//!   few keys before it counts the key, without the lock. A key's count is
+//!   few keys before it counts the key, without the lock (and the lock's
+//!   line for writing, so that taking the lock does not wait for the other
+//!   thread to give the line up). A key's count is
 //!   exact while it stays pending; it is removed when it reaches
 //!   `min_count` (that read admits the key), or dropped when its stripe is
 //!   full and a new key arrives: the stripe then drops its lowest counts
@@ -36,7 +38,7 @@
 
 use super::pending::{PendingMap, ProbeHint};
 use super::{Admission, SKETCH_AGEING_READS};
-use crate::raw::kernels::prefetch;
+use crate::raw::kernels::prefetch_write;
 use crate::{Error, Result};
 use crossbeam_utils::CachePadded;
 use std::fmt;
@@ -286,7 +288,9 @@ impl ExactCounts {
     /// Prefetches the entry where `key`'s count is, or would go, ahead of
     /// a count.
     fn prefetch(&self, key: u64) {
-        self.stripes[self.stripe_of(key)].hint.prefetch(key);
+        let cell = &self.stripes[self.stripe_of(key)];
+        prefetch_write(&cell.stripe);
+        cell.hint.prefetch(key);
     }
 
     /// Counts one read of `key`; true if it admits the key.
@@ -386,8 +390,10 @@ impl SketchCounts {
 
     /// Prefetches the key's counters, ahead of a count or an estimate.
     fn prefetch(&self, key: u64) {
-        for cell in self.cells(sketch_base(key)) {
-            prefetch(cell);
+        let base = sketch_base(key);
+        prefetch_write(&self.locks[scale(base.rotate_left(32), STRIPES)]);
+        for cell in self.cells(base) {
+            prefetch_write(cell);
         }
     }
 

@@ -469,6 +469,23 @@ pub fn prefetch<T>(ptr: *const T) {
     let _ = ptr;
 }
 
+/// Hints the CPU to fetch the cache line containing `ptr` for writing
+/// (`PREFETCHW`: the line arrives owned, so a lock or counter taken there
+/// later does not wait for another core to give it up). Like [`prefetch`],
+/// any address is fine; a CPU without the instruction ignores it.
+#[inline(always)]
+pub fn prefetch_write<T>(ptr: *const T) {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    {
+        use core::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0};
+        // SAFETY: as in `prefetch`: a hint that never faults and does not
+        // access memory as far as the Rust abstract machine is concerned.
+        unsafe { _mm_prefetch::<_MM_HINT_ET0>(ptr.cast::<i8>()) };
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    let _ = ptr;
+}
+
 /// Prefetches every cache line overlapping the `bytes` bytes starting at
 /// `ptr` (a row of a wide column spans several lines). Like [`prefetch`],
 /// any address is fine.
