@@ -855,14 +855,14 @@ impl<K: Key> Variable<K> {
     /// writes (that would wait for the lock it holds), and should be short.
     /// `slots` must not repeat a slot ([`Error::InvalidArgument`]).
     ///
-    /// If `update` leaves a NaN or infinite number in a row, that row is not
-    /// written (it keeps its previous values; a missing key is not
-    /// inserted), the other rows are, and the call returns
-    /// [`Error::NonFinite`] whose `index` is the first such key's position in
-    /// `keys`. A value that does not fit its column's dtype (the value
-    /// dtype, or the slot dtype for slot rows) is refused the same way, as
-    /// [`Error::OutOfRange`]. What is written is rounded to the dtypes, as
-    /// [`VariableBuilder::rounding`] says.
+    /// If `update` leaves a NaN or infinite number in a row, or a value that
+    /// does not fit its column's dtype (the value dtype, or the slot dtype
+    /// for slot rows), that row is not written (it keeps its previous
+    /// values; a missing key is not inserted) and the other rows are. The
+    /// call then returns an error whose `index` is the first refused key's
+    /// position in `keys`: [`Error::NonFinite`] if that key's row holds a
+    /// NaN or an infinity, else [`Error::OutOfRange`]. What is written is
+    /// rounded to the dtypes, as [`VariableBuilder::rounding`] says.
     pub fn update_rows(
         &self,
         keys: &[K],

@@ -7,9 +7,8 @@
 //!   most its share of the pending bound, so the counter never holds more
 //!   keys than the bound in all. Each stripe publishes where its map's
 //!   entries are ([`ProbeHint`]), so a batch prefetches a key's entry a
-//!   few keys before it counts the key, without the lock (and the lock's
-//!   line for writing, so that taking the lock does not wait for the other
-//!   thread to give the line up). A key's count is
+//!   few keys before it counts the key, without the lock, and the lock's
+//!   own line with it. A key's count is
 //!   exact while it stays pending; it is removed when it reaches
 //!   `min_count` (that read admits the key), or dropped when its stripe is
 //!   full and a new key arrives: the stripe then drops its lowest counts
@@ -38,7 +37,7 @@
 
 use super::pending::{PendingMap, ProbeHint};
 use super::{Admission, SKETCH_AGEING_READS};
-use crate::raw::kernels::prefetch_write;
+use crate::raw::kernels::prefetch;
 use crate::{Error, Result};
 use crossbeam_utils::CachePadded;
 use std::fmt;
@@ -289,7 +288,7 @@ impl ExactCounts {
     /// a count.
     fn prefetch(&self, key: u64) {
         let cell = &self.stripes[self.stripe_of(key)];
-        prefetch_write(&cell.stripe);
+        prefetch(&cell.stripe);
         cell.hint.prefetch(key);
     }
 
@@ -388,12 +387,13 @@ impl SketchCounts {
             .map(move |row| &self.counters[row * self.width + column(base, row, self.width)])
     }
 
-    /// Prefetches the key's counters, ahead of a count or an estimate.
+    /// Prefetches the key's counters and the lock that counts it, ahead
+    /// of a count or an estimate.
     fn prefetch(&self, key: u64) {
         let base = sketch_base(key);
-        prefetch_write(&self.locks[scale(base.rotate_left(32), STRIPES)]);
+        prefetch(&self.locks[scale(base.rotate_left(32), STRIPES)]);
         for cell in self.cells(base) {
-            prefetch_write(cell);
+            prefetch(cell);
         }
     }
 
@@ -618,8 +618,9 @@ impl Admitter {
     }
 
     /// Starts bringing what counting `key` reads into cache (a sketch's
-    /// counters, or the entry of the key's exact count): a batch calls it
-    /// a few keys before it counts or checks a missing key.
+    /// counters, or the entry of the key's exact count, and the lock that
+    /// counts it): a batch that writes calls it a few keys before it
+    /// reaches a missing key, which it may count or check.
     pub(crate) fn prefetch(&self, key: u64) {
         match &self.counts {
             Counts::Exact(exact) if exact.min_count > 1 => exact.prefetch(key),

@@ -456,38 +456,14 @@ pub fn first_non_finite(values: &[f32]) -> Option<usize> {
 /// architectures other than x86_64 and under Miri.
 #[inline(always)]
 pub fn prefetch<T>(ptr: *const T) {
-    prefetch_hint::<FOR_READING, T>(ptr);
-}
-
-/// Hints the CPU to fetch the cache line containing `ptr` for writing
-/// (`PREFETCHW`: the line arrives owned, so a lock or counter taken there
-/// later does not wait for another core to give it up). Like [`prefetch`],
-/// any address is fine; a CPU without the instruction ignores it.
-#[inline(always)]
-pub fn prefetch_write<T>(ptr: *const T) {
-    prefetch_hint::<FOR_WRITING, T>(ptr);
-}
-
-/// The prefetch hints of [`prefetch`] and [`prefetch_write`].
-#[cfg(all(target_arch = "x86_64", not(miri)))]
-const FOR_READING: i32 = core::arch::x86_64::_MM_HINT_T0;
-#[cfg(all(target_arch = "x86_64", not(miri)))]
-const FOR_WRITING: i32 = core::arch::x86_64::_MM_HINT_ET0;
-#[cfg(not(all(target_arch = "x86_64", not(miri))))]
-const FOR_READING: i32 = 0;
-#[cfg(not(all(target_arch = "x86_64", not(miri))))]
-const FOR_WRITING: i32 = 1;
-
-/// `_mm_prefetch` with the hint `HINT`; a no-op off x86_64 and under Miri.
-#[inline(always)]
-fn prefetch_hint<const HINT: i32, T>(ptr: *const T) {
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     {
-        // SAFETY: `_mm_prefetch` needs SSE, part of the x86_64 baseline. It
-        // is only a hint: it never faults, whatever the address (unmapped,
+        use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: `_mm_prefetch` needs SSE, part of the x86_64 baseline. It is
+        // only a hint: it never faults, whatever the address (unmapped,
         // dangling or null lines are silently ignored), and does not access
         // memory as far as the Rust abstract machine is concerned.
-        unsafe { core::arch::x86_64::_mm_prefetch::<HINT>(ptr.cast::<i8>()) };
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(ptr.cast::<i8>()) };
     }
     #[cfg(not(all(target_arch = "x86_64", not(miri))))]
     let _ = ptr;
