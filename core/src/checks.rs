@@ -49,22 +49,20 @@ pub fn check_finite(what: &'static str, values: &[f32]) -> Result<()> {
 /// `dtype` (see [`Dtype::fits`]), else [`Error::NonFinite`] or
 /// [`Error::OutOfRange`] naming the first one that is not.
 pub fn check_fits(what: &'static str, values: &[f32], dtype: Dtype) -> Result<()> {
-    let non_finite = first_non_finite(values);
-    let finite = &values[..non_finite.unwrap_or(values.len())];
-    match (dtype.first_out_of_range(finite), non_finite) {
-        (Some(index), _) => Err(Error::OutOfRange {
+    let Some(index) = dtype.first_unfit(values) else {
+        return Ok(());
+    };
+    let value = values[index];
+    Err(if value.is_finite() {
+        Error::OutOfRange {
             what,
             index,
-            value: values[index],
+            value,
             dtype,
-        }),
-        (None, Some(index)) => Err(Error::NonFinite {
-            what,
-            index,
-            value: values[index],
-        }),
-        (None, None) => Ok(()),
-    }
+        }
+    } else {
+        Error::NonFinite { what, index, value }
+    })
 }
 
 /// `Ok` if `slot` is a column of the table whose
