@@ -12,7 +12,7 @@
 use crate::lifecycle::{Admission, EvictListener, Evicted};
 use crate::{
     Dtype, Error, Initializer, Key, Partitioner, RestrictPolicy, Result, Rounding, Variable,
-    MAX_DIM,
+    MAX_DIM, MAX_SLOTS,
 };
 use std::marker::PhantomData;
 
@@ -60,12 +60,16 @@ pub struct TableOptions {
     /// How optimizer steps round to half precision (see
     /// [`VariableBuilder::rounding`]).
     pub rounding: Rounding,
+    /// Optimizer slots kept inside each row, after its values (see
+    /// [`VariableBuilder::inline_slots`]).
+    pub inline_slots: usize,
 }
 
 impl Default for TableOptions {
     /// Dim 1, one shard, [`Partitioner::Modulo`], [`Initializer::Zeros`],
     /// no size hint, trainable, checkpointed, no restrict policy, no
-    /// capacity, admission, listener or decay, `f32` values and slots.
+    /// capacity, admission, listener or decay, `f32` values and slots,
+    /// every slot in a column of its own.
     fn default() -> Self {
         TableOptions {
             dim: 1,
@@ -83,6 +87,7 @@ impl Default for TableOptions {
             value_dtype: Dtype::F32,
             slot_dtype: Dtype::F32,
             rounding: Rounding::NearestEven,
+            inline_slots: 0,
         }
     }
 }
@@ -97,7 +102,8 @@ impl TableOptions {
     /// `u16::MAX` and at most its ageing period, [`SKETCH_AGEING_READS`](crate::lifecycle::SKETCH_AGEING_READS)
     /// x `width`; its width and depth at least 1, depth at most 16), and
     /// the listener and decay have a capacity to act on (decay also needs
-    /// [`RestrictPolicy::Frequency`]), and every row the initializer makes
+    /// [`RestrictPolicy::Frequency`]), `inline_slots` is at most
+    /// [`MAX_SLOTS`], and every row the initializer makes
     /// fits the value dtype ([`Initializer::max_magnitude`]). An
     /// [`Error::InvalidArgument`] names the setting.
     pub fn check(&self, name: &str) -> Result<()> {
@@ -112,6 +118,13 @@ impl TableOptions {
             return Err(Error::InvalidArgument(format!(
                 "variable {name:?}: shards must be in 1..={MAX_SHARDS}, got {}",
                 self.shards
+            )));
+        }
+        if self.inline_slots > MAX_SLOTS {
+            return Err(Error::InvalidArgument(format!(
+                "variable {name:?}: inline_slots must be at most {MAX_SLOTS} (the most slots \
+                 a table holds), got {}",
+                self.inline_slots
             )));
         }
         self.initializer.validate(self.dim)?;
@@ -352,6 +365,20 @@ impl<K: Key> VariableBuilder<K> {
     /// [`Rounding::NearestEven`]; see [`Rounding::Stochastic`]).
     pub fn rounding(mut self, rounding: Rounding) -> Self {
         self.options.rounding = rounding;
+        self
+    }
+
+    /// Keeps the first `slots` optimizer slots (in the order they are
+    /// created: Adam's `m` and `v`, an Adagrad accumulator, ...) inside each
+    /// row, right after its values, instead of in columns of their own
+    /// (default 0). An optimizer step then reads and writes one block of
+    /// adjacent cache lines per key (values, `m`, `v`) rather than a place
+    /// in each of three columns. Room for a slot is kept in every row from
+    /// the start, so room no optimizer fills is memory spent for nothing;
+    /// slots past `slots` get columns of their own as usual. Lookups read
+    /// only the values either way. At most [`MAX_SLOTS`].
+    pub fn inline_slots(mut self, slots: usize) -> Self {
+        self.options.inline_slots = slots;
         self
     }
 

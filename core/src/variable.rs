@@ -237,6 +237,7 @@ impl<K: Key> Variable<K> {
                     values: options.value_dtype,
                     slots: options.slot_dtype,
                     rounding: options.rounding,
+                    inline_slots: options.inline_slots,
                 };
                 Table::with_lifecycle(options.dim, per_shard, policy, lifecycle, format)
             })
@@ -315,6 +316,12 @@ impl<K: Key> Variable<K> {
     /// [`VariableBuilder::rounding`]).
     pub fn rounding(&self) -> Rounding {
         self.inner.shards[0].format().rounding
+    }
+
+    /// How many optimizer slots rows keep beside their values (see
+    /// [`VariableBuilder::inline_slots`]).
+    pub fn inline_slots(&self) -> usize {
+        self.inner.shards[0].format().inline_slots
     }
 
     /// Writes the row a missing key reads into `row`: the initializer's,

@@ -33,12 +33,14 @@ impl Maker for Local {
 }
 
 /// A builder of what `spec` asks, with `init_size(1)` so tables resize
-/// many times within a case.
+/// many times within a case, and as many slots kept inline as `dim % 3`.
 fn builder<K: TestKey>(spec: Spec) -> VariableBuilder<K> {
     let mut b = Variable::<K>::builder(spec.name)
         .dim(spec.dim)
         .shards(spec.shards)
         .init_size(1)
+        // Slots in columns of their own, or one or two inline, by dim.
+        .inline_slots(spec.dim % 3)
         .initializer(spec.initializer);
     if let Some(policy) = spec.policy {
         b = b.restrict_policy(policy);

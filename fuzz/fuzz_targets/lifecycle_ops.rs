@@ -87,6 +87,8 @@ fn builder<K: TestKey>(spec: Spec) -> dynemb::VariableBuilder<K> {
         .dim(spec.dim)
         .shards(spec.shards)
         .init_size(1)
+        // Slots in columns of their own, or one or two inline, by dim.
+        .inline_slots(spec.dim % 3)
         .initializer(spec.initializer);
     if let Some(policy) = spec.policy {
         b = b.restrict_policy(policy);

@@ -5,7 +5,8 @@
 //! to 4 shards, a partitioner (modulo, a custom hash, or a custom one that
 //! names a shard out of range for one key), an exact initializer, a
 //! restrict policy (none, frequency, timestamp), the value and slot dtypes
-//! (f32, f16, bf16 each) and a list of operations. Values are small
+//! (f32, f16, bf16 each), how many slots rows keep inline (0 to 2; the
+//! rest in columns of their own) and a list of operations. Values are small
 //! integers, so the model's sums are exact in `f32` and rows are compared
 //! with `==`; with a half dtype the model rounds every value it writes to
 //! the dtype (an accumulation: `round(old + delta)`, in `f32`), and a
@@ -271,6 +272,7 @@ impl<K: FuzzKey> Runner<K> {
         let mut builder = Variable::<K>::builder("fuzz")
             .value_dtype(value_dtype)
             .slot_dtype(slot_dtype)
+            .inline_slots(case.dtypes as usize / 9 % 3)
             .dim(dim)
             .shards(shards)
             .init_size(case.init_size as usize % 5)

@@ -1,6 +1,7 @@
 //! dynemb through its public batched API: one call per batch on any
 //! [`EmbeddingTable`] with `u64` keys; `compare` builds a [`Variable<u64>`]
-//! with the builder's defaults, values and slots stored as `f32` (system
+//! with the builder's defaults (optimizer steps: slots inline, below),
+//! values and slots stored as `f32` (system
 //! `dynemb`) or as bf16 (`dynemb-bf16`).
 //!
 //! - Shards: one. Batches from several threads run concurrently on the one
@@ -14,7 +15,10 @@
 //!   `dynemb-optim`'s `Sparse<R>`: the whole public driver (input checks,
 //!   slot columns by name, created by the first step, dedup, and
 //!   `update_rows`: one probe and one row lock per distinct key, value, slot
-//!   rows and score written together).
+//!   rows and score written together). The variable keeps the optimizer's
+//!   slots inline (`inline_slots`: Adam's `m` and `v` after each row's
+//!   values), as a user who knows the optimizer builds it; the table ops'
+//!   variables have no slots and keep no room for any.
 
 use super::{Spec, Store, System};
 use crate::apply::{Optimizer, Trainer};
@@ -22,13 +26,15 @@ use crate::workload::Batch;
 use dynemb::{Dtype, EmbeddingTable, Variable};
 use dynemb_optim::{Rule, Sparse, SparseOptimizer};
 
-/// An empty variable for `spec` storing values and slots as `dtype`.
-fn variable(spec: &Spec, dtype: Dtype) -> Variable<u64> {
+/// An empty variable for `spec` storing values and slots as `dtype`, its
+/// rows keeping `inline_slots` slots beside their values.
+fn variable(spec: &Spec, dtype: Dtype, inline_slots: usize) -> Variable<u64> {
     Variable::<u64>::builder("bench")
         .dim(spec.dim)
         .initializer(spec.initializer.clone())
         .value_dtype(dtype)
         .slot_dtype(dtype)
+        .inline_slots(inline_slots)
         .build()
         .expect("valid variable settings")
 }
@@ -55,7 +61,7 @@ impl Dynemb {
     pub fn new(spec: &Spec, dtype: Dtype) -> Self {
         Dynemb {
             dtype,
-            ..Dynemb::of(variable(spec, dtype), spec.batch)
+            ..Dynemb::of(variable(spec, dtype, 0), spec.batch)
         }
     }
 }
@@ -136,12 +142,13 @@ pub struct DynembTrainer<R: Rule, T = Variable<u64>> {
 }
 
 impl<R: Rule> DynembTrainer<R> {
-    /// An empty variable for `spec` storing `dtype`, and the optimizer
-    /// with `params`.
+    /// An empty variable for `spec` storing `dtype`, its rows keeping the
+    /// optimizer's slots inline, and the optimizer with `params`.
     pub fn new(optimizer: Optimizer, params: R, spec: &Spec, dtype: Dtype) -> Self {
+        let inline_slots = params.slots().len();
         DynembTrainer {
             dtype,
-            ..DynembTrainer::of(variable(spec, dtype), optimizer, params)
+            ..DynembTrainer::of(variable(spec, dtype, inline_slots), optimizer, params)
         }
     }
 }

@@ -22,7 +22,9 @@
 //! The table stores its values and its Adam slots in the dtypes of
 //! [`TableDtypes`] (`--dtype`, `--slot-dtype`; f32 unless asked), rounded
 //! to nearest even as they are written; the layer and the optimizer
-//! compute in f32 either way.
+//! compute in f32 either way. Its rows keep Adam's `m` and `v` inline,
+//! after the values (`VariableBuilder::inline_slots`), as the ctr example's
+//! table does.
 //!
 //! Ids enter the layer as the batch's `[batch, FIELDS]` tensor (read in
 //! place), and `forward_concat` gathers the rows straight into the head's
@@ -96,6 +98,8 @@ impl DynembModel {
             })
             .value_dtype(dtypes.values)
             .slot_dtype(dtypes.slots)
+            // Adam's m and v.
+            .inline_slots(2)
             .build()?;
         let embedding = Embedding::new(Arc::new(table), EmbeddingConfig::default())?;
         let vars = VarMap::new();

@@ -22,16 +22,22 @@
 //! - header word 2, only in a store built with scores: the row's score for a
 //!   restrict policy (a timestamp or a count, see [`Score`]), in the row's
 //!   own lines so keeping it costs no extra cache miss;
-//! - values.
+//! - values;
+//! - room for the first [`RowFormat::inline_slots`] slots, each `dim`
+//!   values packed by the slot dtype's codec (none by default).
 //!
-//! Optimizer slots are [`SlotColumn`]s: further columns of `dim` values
-//! indexed by the same row id and written under the same row lock (the main
-//! row's state word guards them; a seqlock read of a row checks it around the
-//! slot words too). Slots can be added to a store that already holds rows, so
-//! a slot column stores each value XOR-encoded with the bits of the slot's
-//! initial value (see [`Codec`]): zeroed memory reads as the initial value,
-//! rows that existed before the slot need no fill, and a reused row is reset
-//! by zeroing its slot words. A new row resets every slot column the store
+//! Optimizer slots are [`SlotColumn`]s: `dim` values per row indexed by the
+//! same row id, either in further columns of their own or inline in the
+//! main row's room, and written under the same row lock (the main row's
+//! state word guards them; a seqlock read of a row checks it around the
+//! slot words too). Inline slots put an optimizer step's values, `m` and
+//! `v` in one block of adjacent lines; a lookup still reads (and
+//! prefetches) only the header and values. Slots can be added to a store
+//! that already holds rows, so a slot stores each value XOR-encoded with
+//! the bits of the slot's initial value (see [`Codec`]): zeroed memory
+//! reads as the initial value, rows that existed before the slot need no
+//! fill (inline room no slot has used is never written, so it is zero),
+//! and a reused row is reset by zeroing its slot words. A new row resets every slot column the store
 //! has when the row is written, reading the slot count after taking the row's
 //! lock: a slot added before the row's previous owner wrote it is therefore
 //! always seen, so no stale slot value survives a row's reuse.
@@ -274,56 +280,92 @@ impl Score {
     }
 }
 
-/// An optimizer slot: a column of `dim` values per row, XOR-encoded with its
-/// initial value so that zeroed words read as that value (module docs).
+/// Where an optimizer slot's rows are kept.
+enum SlotPlace {
+    /// In a column of its own (boxed: a column's directory is large).
+    Column(Box<Column>),
+    /// Inside the main column's rows, from word `at`: the room
+    /// [`RowFormat::inline_slots`] keeps after the values.
+    Inline { at: usize },
+}
+
+/// An optimizer slot: `dim` values per row, in a column of its own or
+/// inline in the main row, XOR-encoded with its initial value so that zeroed
+/// words read as that value (module docs).
 pub(crate) struct SlotColumn {
-    column: Column,
+    place: SlotPlace,
+    /// Words of one row of the slot.
+    words: usize,
     codec: Codec,
     /// The initial value as asked for, before rounding to the dtype.
     asked: f32,
 }
 
 impl SlotColumn {
-    fn new(dim: usize, dtype: Dtype, initial: f32) -> SlotColumn {
+    /// A slot of rows of `dim` values in `dtype`, in a column of its own, or
+    /// inline from word `inline_at` of the main row.
+    fn new(dim: usize, dtype: Dtype, initial: f32, inline_at: Option<usize>) -> SlotColumn {
         let codec = Codec::new(dtype, initial);
+        let words = codec.words(dim);
         SlotColumn {
-            column: Column::new(codec.words(dim)),
+            place: match inline_at {
+                Some(at) => SlotPlace::Inline { at },
+                None => SlotPlace::Column(Box::new(Column::new(words))),
+            },
+            words,
             codec,
             asked: initial,
         }
     }
 
+    /// The slot's own column, if it has one.
+    fn column(&self) -> Option<&Column> {
+        match &self.place {
+            SlotPlace::Column(column) => Some(column),
+            SlotPlace::Inline { .. } => None,
+        }
+    }
+
+    /// The words of the slot's row `row`, whose main-column words are
+    /// `main` (`None` if the slot's own segment was never allocated).
+    #[inline]
+    fn words<'a>(&'a self, main: &'a [AtomicU64], row: u64) -> Option<&'a [AtomicU64]> {
+        match &self.place {
+            SlotPlace::Inline { at } => Some(&main[*at..*at + self.words]),
+            SlotPlace::Column(column) => column.try_row(row),
+        }
+    }
+
     /// Copies the slot's row into `out` (its initial value if its segment
     /// was never written).
-    fn load(&self, row: u64, out: &mut [f32]) {
-        match self.column.try_row(row) {
+    fn load(&self, main: &[AtomicU64], row: u64, out: &mut [f32]) {
+        match self.words(main, row) {
             Some(words) => self.codec.load(words, out),
             None => out.fill(self.codec.initial()),
         }
     }
 
-    /// Overwrites the slot's row; the caller holds the row's lock.
-    fn store(&self, row: u64, src: &[f32]) {
-        self.column.ensure(row);
-        self.codec.store(self.column.row(row), src);
-    }
-
-    /// [`SlotColumn::store`], rounding stochastically with `noise` if given
-    /// (see [`Codec::store_stochastic`]).
-    fn store_rounded(&self, row: u64, src: &[f32], noise: Option<u64>) {
-        self.column.ensure(row);
+    /// Overwrites the slot's row, rounding stochastically with `noise` if
+    /// given (see [`Codec::store_stochastic`]); the caller holds the row's
+    /// lock.
+    fn store(&self, main: &[AtomicU64], row: u64, src: &[f32], noise: Option<u64>) {
+        let words = match &self.place {
+            SlotPlace::Inline { at } => &main[*at..*at + self.words],
+            SlotPlace::Column(column) => {
+                column.ensure(row);
+                column.row(row)
+            }
+        };
         match noise {
-            Some(noise) => self
-                .codec
-                .store_stochastic(self.column.row(row), src, noise),
-            None => self.codec.store(self.column.row(row), src),
+            Some(noise) => self.codec.store_stochastic(words, src, noise),
+            None => self.codec.store(words, src),
         }
     }
 
     /// Sets the slot's row back to the initial value; the caller holds the
     /// row's lock.
-    fn reset(&self, row: u64) {
-        if let Some(words) = self.column.try_row(row) {
+    fn reset(&self, main: &[AtomicU64], row: u64) {
+        if let Some(words) = self.words(main, row) {
             for word in words {
                 word.store(0, Ordering::Relaxed);
             }
@@ -393,6 +435,10 @@ pub struct RowFormat {
     pub slots: Dtype,
     /// How [`Table::update_rows`](super::Table::update_rows) rounds.
     pub rounding: Rounding,
+    /// Slot columns (the first ones added, at most [`MAX_SLOTS`]) kept
+    /// inside each row after its values, so that an optimizer step reads
+    /// and writes one block per key; the rest get columns of their own.
+    pub inline_slots: usize,
 }
 
 /// Rows of one table: the main column, the slot columns, the high-water mark
@@ -406,6 +452,8 @@ pub(crate) struct RowStore {
     scored: bool,
     /// Header words before a row's values.
     values_at: usize,
+    /// Words of the header and the values, before any inline slot.
+    values_end: usize,
     main: Column,
     /// Slot columns `0..slot_count`, added in order, never removed.
     slots: [OnceLock<SlotColumn>; MAX_SLOTS],
@@ -452,6 +500,9 @@ impl RowStore {
     pub(crate) fn with_ranks(dim: usize, scored: bool, rule: Ranks, format: RowFormat) -> RowStore {
         let values_at = HEADER_WORDS + usize::from(scored);
         let values = Codec::new(format.values, 0.0);
+        let values_end = values_at + values.words(dim);
+        let inline_words =
+            format.inline_slots.min(MAX_SLOTS) * Codec::new(format.slots, 0.0).words(dim);
         RowStore {
             ranks: (rule != Ranks::Off).then(|| Column::new(1)),
             rank_rule: rule,
@@ -460,7 +511,8 @@ impl RowStore {
             values,
             scored,
             values_at,
-            main: Column::new(values_at + values.words(dim)),
+            values_end,
+            main: Column::new(values_end + inline_words),
             slots: std::array::from_fn(|_| OnceLock::new()),
             slot_count: AtomicUsize::new(0),
             adding_slot: Mutex::new(()),
@@ -526,8 +578,15 @@ impl RowStore {
         if index == MAX_SLOTS {
             return None;
         }
+        let inline_at = (index < self.format.inline_slots)
+            .then(|| self.values_end + index * Codec::new(self.format.slots, 0.0).words(self.dim));
         if self.slots[index]
-            .set(SlotColumn::new(self.dim, self.format.slots, initial))
+            .set(SlotColumn::new(
+                self.dim,
+                self.format.slots,
+                initial,
+                inline_at,
+            ))
             .is_err()
         {
             unreachable!("slot {index} is set once, under the adding lock");
@@ -541,7 +600,8 @@ impl RowStore {
     pub(crate) fn memory_bytes(&self) -> usize {
         let rows = self.high_water();
         (0..self.slot_count())
-            .map(|slot| self.slot(slot).column.memory_bytes(rows))
+            .filter_map(|slot| self.slot(slot).column())
+            .map(|column| column.memory_bytes(rows))
             .sum::<usize>()
             + self.main.memory_bytes(rows)
             + self
@@ -557,7 +617,7 @@ impl RowStore {
     pub(crate) fn prefault(&self, rows: u64, max_bytes: u64) {
         let slot_columns = || {
             (0..self.slot_count())
-                .map(|slot| &self.slot(slot).column)
+                .filter_map(|slot| self.slot(slot).column())
                 .chain(self.ranks.as_ref())
         };
         let row_bytes: usize = std::iter::once(&self.main)
@@ -582,21 +642,25 @@ impl RowStore {
             .map(|words| words[1].load(Ordering::Relaxed))
     }
 
-    /// Address and size of a row, for prefetching.
+    /// Address and size of a row's header and values (not its inline
+    /// slots), for prefetching.
     #[inline]
     pub(crate) fn row_span(&self, row: u64) -> (*const AtomicU64, usize) {
-        (self.main.row_address(row), self.main.words_per_row * 8)
+        (self.main.row_address(row), self.values_end * 8)
     }
 
-    /// Address and size of a row of slot column `slot`, for prefetching
-    /// (null if the slot or its segment does not exist).
+    /// Address and size of a row of slot `slot`, in its column or inline,
+    /// for prefetching (null if the slot or its segment does not exist).
     #[inline]
     pub(crate) fn slot_span(&self, slot: usize, row: u64) -> (*const AtomicU64, usize) {
+        let bytes = |column: &SlotColumn| column.words * 8;
         match self.slots.get(slot).and_then(OnceLock::get) {
-            Some(column) => (
-                column.column.row_address(row),
-                column.column.words_per_row * 8,
-            ),
+            Some(column) => match &column.place {
+                SlotPlace::Column(own) => (own.row_address(row), bytes(column)),
+                SlotPlace::Inline { at } => {
+                    (self.main.row_address(row).wrapping_add(*at), bytes(column))
+                }
+            },
             None => (std::ptr::null(), 0),
         }
     }
@@ -624,7 +688,7 @@ impl RowStore {
             // multiples of 1024, ranges at multiples of FRESH_BATCH), so the
             // first row's segment is the range's.
             let slot_columns = (0..self.slot_count())
-                .map(|slot| &self.slot(slot).column)
+                .filter_map(|slot| self.slot(slot).column())
                 .chain(self.ranks.as_ref());
             for column in std::iter::once(&self.main).chain(slot_columns) {
                 if let Err(bytes) = column.try_ensure(start) {
@@ -662,8 +726,8 @@ impl RowStore {
             .checked_sub(TAKE_PREFETCH)
             .and_then(|i| cache.ids.get(i))
         {
-            let (address, bytes) = self.row_span(id);
-            prefetch_span(address, bytes);
+            // The whole row: a new row's inline slots are written too.
+            prefetch_span(self.main.row_address(id), self.main.words_per_row * 8);
         }
     }
 
@@ -788,15 +852,15 @@ impl RowStore {
         self.locked(row, Some(true), score, |words| {
             words[1].store(key, Ordering::Relaxed);
             let noise = noise(words, rounding);
-            self.store_values(&words[self.values_at..], values, noise);
+            self.store_values(&words[self.values_at..self.values_end], values, noise);
             // Read under the row's lock: see the module docs.
             for slot in 0..self.slot_count() {
                 match slots.iter().find(|(s, _)| *s == slot) {
                     Some((_, src)) => {
                         self.slot(slot)
-                            .store_rounded(row, src, column_noise(noise, slot))
+                            .store(words, row, src, column_noise(noise, slot))
                     }
-                    None => self.slot(slot).reset(row),
+                    None => self.slot(slot).reset(words, row),
                 }
             }
             true
@@ -832,7 +896,9 @@ impl RowStore {
         score: Score,
         update: impl FnOnce(&[AtomicU64]) -> bool,
     ) -> Option<bool> {
-        self.locked(row, None, score, |words| update(&words[self.values_at..]))
+        self.locked(row, None, score, |words| {
+            update(&words[self.values_at..self.values_end])
+        })
     }
 
     /// Overwrites a live row's values and the given slots (`(slot, row)`
@@ -847,9 +913,10 @@ impl RowStore {
         score: Score,
     ) -> bool {
         self.locked(row, None, score, |words| {
-            self.values.store(&words[self.values_at..], values);
+            self.values
+                .store(&words[self.values_at..self.values_end], values);
             for &(slot, src) in slots {
-                self.slot(slot).store(row, src);
+                self.slot(slot).store(words, row, src, None);
             }
             true
         })
@@ -873,10 +940,10 @@ impl RowStore {
         let dim = self.dim;
         self.locked(row, None, score, |words| {
             let (values, slot_rows) = scratch.split_at_mut(dim);
-            let at = &words[self.values_at..];
+            let at = &words[self.values_at..self.values_end];
             self.values.load(at, values);
             for (&slot, out) in slots.iter().zip(slot_rows.chunks_exact_mut(dim)) {
-                self.slot(slot).load(row, out);
+                self.slot(slot).load(words, row, out);
             }
             if !update(values, slot_rows) {
                 return false;
@@ -885,7 +952,7 @@ impl RowStore {
             self.store_values(at, values, noise);
             for (&slot, src) in slots.iter().zip(slot_rows.chunks_exact(dim)) {
                 self.slot(slot)
-                    .store_rounded(row, src, column_noise(noise, slot));
+                    .store(words, row, src, column_noise(noise, slot));
             }
             true
         })
@@ -910,9 +977,10 @@ impl RowStore {
                 backoff.snooze();
                 continue;
             }
-            self.values.load(&words[self.values_at..], out);
+            self.values
+                .load(&words[self.values_at..self.values_end], out);
             for (slot, slot_row) in slot_out.chunks_exact_mut(self.dim.max(1)).enumerate() {
-                self.slot(slot).load(row, slot_row);
+                self.slot(slot).load(words, row, slot_row);
             }
             let key = words[1].load(Ordering::Relaxed);
             let score = if self.scored {
@@ -950,7 +1018,8 @@ impl RowStore {
 
     /// Copies slot `slot`'s row into `out` (a consistent version of it).
     pub(crate) fn read_slot(&self, row: u64, slot: usize, out: &mut [f32]) {
-        let state = &self.main.row(row)[0];
+        let words = self.main.row(row);
+        let state = &words[0];
         let column = self.slot(slot);
         let backoff = Backoff::new();
         loop {
@@ -959,7 +1028,7 @@ impl RowStore {
                 backoff.snooze();
                 continue;
             }
-            column.load(row, out);
+            column.load(words, row, out);
             fence(Ordering::Acquire);
             if state.load(Ordering::Relaxed) == before {
                 return;
@@ -1065,8 +1134,10 @@ impl RowStore {
         take.keys.push(key);
         let at = take.values.len();
         take.values.resize(at + dim, 0.0);
-        self.values
-            .load(&words[self.values_at..], &mut take.values[at..]);
+        self.values.load(
+            &words[self.values_at..self.values_end],
+            &mut take.values[at..],
+        );
         if self.scored {
             take.scores.push(score);
         }
@@ -1080,7 +1151,7 @@ impl RowStore {
         for (slot, column) in take.slots.iter_mut().enumerate().take(count) {
             let at = column.len();
             column.resize(at + dim, 0.0);
-            self.slot(slot).load(row, &mut column[at..]);
+            self.slot(slot).load(words, row, &mut column[at..]);
         }
     }
 
@@ -1226,7 +1297,7 @@ mod tests {
         let store = RowStore::new(2, false);
         store.add_slot(0.5).unwrap();
         let row = store.take(&mut cache).unwrap();
-        assert!(store.slot(0).column.try_row(row).is_some());
+        assert!(store.slot(0).column().unwrap().try_row(row).is_some());
         store.release(cache);
     }
 
@@ -1296,7 +1367,18 @@ mod tests {
 
     #[test]
     fn slots_start_at_their_initial_value_and_are_reset_on_reuse() {
-        let store = RowStore::new(3, false);
+        // Both slots in columns, the first inline, both inline.
+        for inline_slots in 0..=2 {
+            slots_start_and_reset(inline_slots);
+        }
+    }
+
+    fn slots_start_and_reset(inline_slots: usize) {
+        let format = RowFormat {
+            inline_slots,
+            ..RowFormat::default()
+        };
+        let store = RowStore::with_ranks(3, false, Ranks::Off, format);
         let mut cache = RowCache::default();
         let old = store.take(&mut cache).unwrap();
         store.write_new(old, 1, &[1.0; 3], &[], Score::Keep, Rounding::NearestEven);
@@ -1348,11 +1430,12 @@ mod tests {
         assert!(store.overwrite(old, &[4.0; 3], &[(m, &[8.0; 3])], Score::Keep));
         store.read_slot(old, m, &mut out);
         assert_eq!(out, [8.0; 3]);
-        let (main_words, slot_words) = (2 + 2, 2);
+        // Two header words, then two words of values and of each slot.
+        let (main_words, slot_words) = (2 + 2 + 2 * inline_slots, 2);
         assert_eq!(
             store.memory_bytes(),
-            FRESH_BATCH as usize * (main_words + 2 * slot_words) * 8,
-            "rows handed out, in the main column and both written slots"
+            FRESH_BATCH as usize * (main_words + (2 - inline_slots) * slot_words) * 8,
+            "rows handed out, in the main column and the slots' own columns"
         );
         for _ in 2..MAX_SLOTS {
             assert!(store.add_slot(0.0).is_some());
@@ -1430,7 +1513,7 @@ mod tests {
     fn readers_see_values_slots_and_score_of_one_version() {
         // Every dtype, and a dim that takes two chunks of halves and ends in
         // a part word; the slot is XOR-encoded (initial value 0.25). Miri,
-        // which runs the word loops, takes one case.
+        // which runs the word loops, takes one dtype.
         let cases: &[(Dtype, usize)] = if cfg!(miri) {
             &[(Dtype::Bf16, 67)]
         } else {
@@ -1444,12 +1527,16 @@ mod tests {
             ]
         };
         for &(dtype, dim) in cases {
-            let format = RowFormat {
-                values: dtype,
-                slots: dtype,
-                rounding: Rounding::NearestEven,
-            };
-            one_version_under_writes(RowStore::with_ranks(dim, true, Ranks::Off, format));
+            // The slot in a column of its own, and inline.
+            for inline_slots in [0, 1] {
+                let format = RowFormat {
+                    values: dtype,
+                    slots: dtype,
+                    rounding: Rounding::NearestEven,
+                    inline_slots,
+                };
+                one_version_under_writes(RowStore::with_ranks(dim, true, Ranks::Off, format));
+            }
         }
     }
 

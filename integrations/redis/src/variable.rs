@@ -248,7 +248,9 @@ impl<K: Key> RedisVariable<K> {
     /// row lifecycle; [`RedisVariable::expire`] and
     /// [`RedisVariable::restrict`] bound a Redis table).
     /// [`init_size`](dynemb::VariableBuilder::init_size) is accepted and
-    /// unused (see the [crate docs](crate)). `trainable` and `checkpoint`
+    /// unused (see the [crate docs](crate)), and
+    /// [`inline_slots`](dynemb::VariableBuilder::inline_slots) is what a
+    /// Redis row always does (its slots follow its values). `trainable` and `checkpoint`
     /// are properties of this handle, not stored.
     ///
     /// Then connects, and creates the variable's metadata if it does not
@@ -279,6 +281,8 @@ impl<K: Key> RedisVariable<K> {
             slot_dtype,
             // Rounding applies to half-precision columns only, refused below.
             rounding: _,
+            // A Redis row always holds its slots after its values.
+            inline_slots: _,
         } = options;
         refuse_lifecycle(&name, capacity, admission, on_evict.is_some())?;
         refuse_half_precision(&name, value_dtype, slot_dtype)?;

@@ -149,6 +149,8 @@ pub fn table_description(
         .restrict_policy(TABLE_POLICY)
         .value_dtype(precision.values)
         .slot_dtype(precision.slots)
+        // Adam's m and v beside each row's values: one block per key.
+        .inline_slots(2)
         .rounding(precision.rounding);
     if let Some(rows) = lifecycle.capacity {
         table = table.capacity(rows);
