@@ -103,7 +103,8 @@ impl TableOptions {
     /// x `width`; its width and depth at least 1, depth at most 16), and
     /// the listener and decay have a capacity to act on (decay also needs
     /// [`RestrictPolicy::Frequency`]), `inline_slots` is at most
-    /// [`MAX_SLOTS`], and every row the initializer makes
+    /// [`MAX_SLOTS`] and leaves a row's numbers (values and inline slots) no
+    /// larger than [`MAX_DIM`] `f32` values, and every row the initializer makes
     /// fits the value dtype ([`Initializer::max_magnitude`]). An
     /// [`Error::InvalidArgument`] names the setting.
     pub fn check(&self, name: &str) -> Result<()> {
@@ -125,6 +126,16 @@ impl TableOptions {
                 "variable {name:?}: inline_slots must be at most {MAX_SLOTS} (the most slots \
                  a table holds), got {}",
                 self.inline_slots
+            )));
+        }
+        let row_bytes = self.dim
+            * (self.value_dtype.size_bytes() + self.inline_slots * self.slot_dtype.size_bytes());
+        let largest = MAX_DIM * Dtype::F32.size_bytes();
+        if row_bytes > largest {
+            return Err(Error::InvalidArgument(format!(
+                "variable {name:?}: {} values with {} slots inline take {row_bytes} bytes a \
+                 row; at most {largest} (a row of MAX_DIM f32 values)",
+                self.dim, self.inline_slots
             )));
         }
         self.initializer.validate(self.dim)?;
@@ -376,7 +387,12 @@ impl<K: Key> VariableBuilder<K> {
     /// in each of three columns. Room for a slot is kept in every row from
     /// the start, so room no optimizer fills is memory spent for nothing;
     /// slots past `slots` get columns of their own as usual. Lookups read
-    /// only the values either way. At most [`MAX_SLOTS`].
+    /// only the header and values either way, though at some dims the
+    /// padding that keeps a whole row in its fewest cache lines lets the
+    /// values straddle one more line than without inline slots (at dims 8,
+    /// 12, 24 and 48 in some dtypes; never at 16, 32, 64, 128 or 256). At most [`MAX_SLOTS`], and the
+    /// values with their inline slots may take no more bytes than
+    /// [`MAX_DIM`] `f32` values.
     pub fn inline_slots(mut self, slots: usize) -> Self {
         self.options.inline_slots = slots;
         self

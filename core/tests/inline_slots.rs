@@ -3,14 +3,16 @@
 //! touches a slot:
 //!
 //! - optimizer-like `update_rows` steps (a slot past the inline room
-//!   included, slots created after rows exist, inserts and updates, rows
-//!   removed and their ids reused), in every value and slot dtype;
+//!   included, slots created after rows exist, inserts and updates), keys
+//!   removed and inserted again by a training read and by an upsert, and
+//!   accumulation, in every value and slot dtype;
 //! - checkpoints, saved in one layout and restored into the other;
 //! - rows evicted by capacity, as the listener receives them;
+//! - rows reused after a removal, whose inline slots start over;
 //! - the setting itself: reported by the variable, refused past
-//!   `MAX_SLOTS`.
+//!   `MAX_SLOTS` or past rows of `MAX_DIM` f32 values.
 
-use dynemb::{Dtype, Error, Evicted, Initializer, SlotId, Variable, MAX_SLOTS};
+use dynemb::{Dtype, Error, Evicted, Initializer, SlotId, Variable, MAX_DIM, MAX_SLOTS};
 use std::sync::{Arc, Mutex};
 
 const DIM: usize = 9;
@@ -84,9 +86,24 @@ fn train(var: &Variable<u64>, keys: &[u64]) -> Vec<SlotId> {
         let batch = &keys[(t as usize * 7) % 40..][..24];
         step(var, &slots, batch, t);
     }
-    // Removed keys come back with fresh slots, on reused row ids.
-    var.remove(&keys[5..15]).expect("remove");
     step(var, &slots, &keys[..40], 10);
+    // Removed keys come back, on reused row ids, with their slots at the
+    // initial values: inserted by a training read and by an upsert.
+    var.remove(&keys[5..15]).expect("remove");
+    let mut rows = vec![0.0; 5 * DIM];
+    var.lookup_or_insert(&keys[5..10], &mut rows)
+        .expect("lookup_or_insert");
+    var.upsert(&keys[10..15], &[-0.5; 5 * DIM]).expect("upsert");
+    for (slot, initial) in slots.iter().zip([0.0, 0.5, 0.125]) {
+        let mut slot_rows = vec![1.0; 10 * DIM];
+        var.lookup_slot(*slot, &keys[5..15], &mut slot_rows)
+            .expect("lookup_slot");
+        assert!(slot_rows.iter().all(|&x| x == initial), "{slot_rows:?}");
+    }
+    // Accumulation into present rows writes the values alone.
+    let deltas: Vec<f32> = (0..10 * DIM).map(|i| (i % 5) as f32 * 0.25).collect();
+    var.accum(&keys[20..30], &deltas, &[true; 10])
+        .expect("accum");
     slots
 }
 
@@ -198,4 +215,78 @@ fn more_inline_slots_than_a_table_holds_are_refused() {
         refused.err()
     );
     assert_eq!(var(0, Dtype::F32, Dtype::F32).inline_slots(), 0);
+    // A row's numbers may take what MAX_DIM f32 values take, no more.
+    let wide = |dim: usize, slots: Dtype, inline: usize| {
+        Variable::<u64>::builder("wide")
+            .dim(dim)
+            .slot_dtype(slots)
+            .inline_slots(inline)
+            .build()
+    };
+    assert!(wide(MAX_DIM / 2, Dtype::F32, 1).is_ok());
+    assert!(wide(MAX_DIM / 2, Dtype::Bf16, 2).is_ok());
+    assert!(wide(MAX_DIM, Dtype::F32, 0).is_ok());
+    for (dim, slots, inline) in [(MAX_DIM, Dtype::Bf16, 1), (MAX_DIM / 2, Dtype::F32, 2)] {
+        let refused = wide(dim, slots, inline);
+        assert!(
+            matches!(&refused, Err(Error::InvalidArgument(m)) if m.contains("slots inline")),
+            "{:?}",
+            refused.err()
+        );
+    }
+}
+
+#[test]
+fn reused_rows_start_their_inline_slots_over() {
+    // One shard, so the keys' rows are reused from one free pool.
+    let var = Variable::<u64>::builder("reuse")
+        .dim(DIM)
+        .inline_slots(2)
+        .build()
+        .expect("build");
+    let slots = [
+        var.create_slot("m", 0.0).expect("m"),
+        var.create_slot("v", 0.5).expect("v"),
+        var.create_slot("vhat", 0.125).expect("vhat"),
+    ];
+    let keys: Vec<u64> = (1..=16).collect();
+    let mut slot_rows = vec![0.0; keys.len() * DIM];
+    for cycle in 0..400 {
+        // Inserted by an upsert (cycles alternate with training reads):
+        // every slot reads its initial value, on fresh and reused rows.
+        if cycle % 2 == 0 {
+            var.upsert(&keys, &vec![1.0; keys.len() * DIM])
+                .expect("upsert");
+        } else {
+            var.lookup_or_insert(&keys, &mut slot_rows)
+                .expect("lookup_or_insert");
+        }
+        for (slot, initial) in slots.iter().zip([0.0, 0.5, 0.125]) {
+            var.lookup_slot(*slot, &keys, &mut slot_rows)
+                .expect("lookup_slot");
+            assert!(
+                slot_rows.iter().all(|&x| x == initial),
+                "cycle {cycle}: {slot_rows:?}"
+            );
+        }
+        var.update_rows(&keys, &slots, |_, _, rows| rows.fill(cycle as f32 + 2.0))
+            .expect("update_rows");
+        var.remove(&keys).expect("remove");
+    }
+    // Without reuse, 400 cycles would hand out 6,400 rows.
+    let fresh_every_cycle = Variable::<u64>::builder("fresh")
+        .dim(DIM)
+        .inline_slots(2)
+        .build()
+        .expect("build");
+    let all: Vec<u64> = (0..400 * 16).collect();
+    fresh_every_cycle
+        .upsert(&all, &vec![1.0; all.len() * DIM])
+        .expect("upsert");
+    assert!(
+        var.memory_bytes() < fresh_every_cycle.memory_bytes() / 4,
+        "row ids were reused: {} bytes against {}",
+        var.memory_bytes(),
+        fresh_every_cycle.memory_bytes()
+    );
 }

@@ -96,22 +96,35 @@ const VERSION_STEP: u64 = 4;
 /// Bytes of a cache line, which segments are aligned to.
 const LINE_BYTES: usize = 64;
 
-/// Words from one row to the next for rows of `words` words: the fewest
-/// that make every row, at any row id, span the fewest cache lines its size
-/// allows (a row of 280 bytes could span 6 lines at some offsets; rows 288
-/// bytes apart span 5 each), unless that pads the row by more than an
-/// eighth of its size (rows of 48 bytes would need 64): then `words`.
-pub(crate) fn line_stride(words: usize) -> usize {
+/// Words from one row to the next for rows of `words` words whose first
+/// `prefix` words are also read on their own (a lookup reads a row's header
+/// and values, not its inline slots; `prefix == words` for a column read
+/// whole): the fewest that make every row, at any row id, span the fewest
+/// cache lines its size allows (a row of 280 bytes could span 6 lines at
+/// some offsets; rows 288 bytes apart span 5 each), and its prefix too.
+/// Strides that pad a row by more than an eighth of its size are not
+/// taken (rows of 48 bytes would need 64): if none within that keeps both
+/// spans fewest, the prefix's is kept, else the whole row's, else the
+/// stride is `words`.
+pub(crate) fn line_stride(words: usize, prefix: usize) -> usize {
     let bytes = words * 8;
-    let lines = bytes.div_ceil(LINE_BYTES);
-    (bytes..=lines * LINE_BYTES)
+    // Rows start at every multiple of gcd(stride, 64) within a line, so
+    // `len` bytes from a row's start span their fewest lines at every row
+    // id if they do from the latest of those starts.
+    let fewest_lines = |stride: usize, len: usize| {
+        let step = 1 << stride.trailing_zeros().min(6);
+        LINE_BYTES - step + len <= len.div_ceil(LINE_BYTES) * LINE_BYTES
+    };
+    let strides = (bytes..=bytes.div_ceil(LINE_BYTES) * LINE_BYTES)
         .step_by(8)
-        .take_while(|stride| (stride - bytes) * 8 <= bytes)
-        .find(|&stride| {
-            // Rows start at every multiple of gcd(stride, 64) within a line.
-            let step = 1 << stride.trailing_zeros().min(6);
-            LINE_BYTES - step + bytes <= lines * LINE_BYTES
-        })
+        .take_while(|stride| (stride - bytes) * 8 <= bytes);
+    let whole = |stride: &usize| fewest_lines(*stride, bytes);
+    let start = |stride: &usize| fewest_lines(*stride, prefix * 8);
+    strides
+        .clone()
+        .find(|stride| whole(stride) && start(stride))
+        .or_else(|| strides.clone().find(start))
+        .or_else(|| strides.clone().find(whole))
         .map_or(words, |stride| stride / 8)
 }
 
@@ -126,11 +139,18 @@ pub(crate) struct Column {
 }
 
 impl Column {
+    /// A column of rows of `words_per_row` words, read whole.
     pub(crate) fn new(words_per_row: usize) -> Column {
+        Column::with_prefix(words_per_row, words_per_row)
+    }
+
+    /// A column of rows of `words_per_row` words whose first `prefix` words
+    /// are also read on their own (see [`line_stride`]).
+    pub(crate) fn with_prefix(words_per_row: usize, prefix: usize) -> Column {
         let words_per_row = words_per_row.max(1);
         Column {
             words_per_row,
-            stride: line_stride(words_per_row),
+            stride: line_stride(words_per_row, prefix.clamp(1, words_per_row)),
             segments: std::array::from_fn(|_| OnceLock::new()),
             allocating: Mutex::new(()),
         }
@@ -512,7 +532,7 @@ impl RowStore {
             scored,
             values_at,
             values_end,
-            main: Column::new(values_end + inline_words),
+            main: Column::with_prefix(values_end + inline_words, values_end),
             slots: std::array::from_fn(|_| OnceLock::new()),
             slot_count: AtomicUsize::new(0),
             adding_slot: Mutex::new(()),
@@ -657,12 +677,26 @@ impl RowStore {
         match self.slots.get(slot).and_then(OnceLock::get) {
             Some(column) => match &column.place {
                 SlotPlace::Column(own) => (own.row_address(row), bytes(column)),
-                SlotPlace::Inline { at } => {
-                    (self.main.row_address(row).wrapping_add(*at), bytes(column))
-                }
+                SlotPlace::Inline { at } => match self.main.try_row(row) {
+                    Some(words) => (words[*at..].as_ptr(), bytes(column)),
+                    None => (std::ptr::null(), 0),
+                },
             },
             None => (std::ptr::null(), 0),
         }
+    }
+
+    /// Address and size of a row with the inline slots it has (its header,
+    /// values and the room of the inline slots added so far), for
+    /// prefetching a row that is written or read whole.
+    #[inline]
+    pub(crate) fn block_span(&self, row: u64) -> (*const AtomicU64, usize) {
+        let inline = self.slot_count().min(self.format.inline_slots);
+        let slot_words = Codec::new(self.format.slots, 0.0).words(self.dim);
+        (
+            self.main.row_address(row),
+            (self.values_end + inline * slot_words) * 8,
+        )
     }
 
     /// A row id for a new key (from the cache, refilled from the free pool or
@@ -726,8 +760,9 @@ impl RowStore {
             .checked_sub(TAKE_PREFETCH)
             .and_then(|i| cache.ids.get(i))
         {
-            // The whole row: a new row's inline slots are written too.
-            prefetch_span(self.main.row_address(id), self.main.words_per_row * 8);
+            // A new row's inline slots are written (reset) too.
+            let (address, bytes) = self.block_span(id);
+            prefetch_span(address, bytes);
         }
     }
 
@@ -1187,16 +1222,16 @@ mod tests {
     #[test]
     fn strides_keep_rows_in_their_fewest_lines() {
         // Dim 64: f32 with and without a score, bf16 with and without.
-        assert_eq!(line_stride(34), 34);
-        assert_eq!(line_stride(35), 36);
-        assert_eq!(line_stride(18), 18);
-        assert_eq!(line_stride(19), 20);
+        assert_eq!(line_stride(34, 34), 34);
+        assert_eq!(line_stride(35, 35), 36);
+        assert_eq!(line_stride(18, 18), 18);
+        assert_eq!(line_stride(19, 19), 20);
         // Padding 48 bytes to 64 costs a third: not done.
-        assert_eq!(line_stride(6), 6);
-        assert_eq!(line_stride(1), 1);
-        assert_eq!(line_stride(32), 32);
+        assert_eq!(line_stride(6, 6), 6);
+        assert_eq!(line_stride(1, 1), 1);
+        assert_eq!(line_stride(32, 32), 32);
         for words in 1..300 {
-            let stride = line_stride(words);
+            let stride = line_stride(words, words);
             let bytes = words * 8;
             assert!(stride >= words && (stride - words) * 8 <= words, "{words}");
             let fewest = bytes.div_ceil(64);
@@ -1211,6 +1246,37 @@ mod tests {
                 "{words}"
             );
         }
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "arithmetic only, and long under Miri")]
+    fn strides_keep_a_lookups_prefix_in_its_fewest_lines() {
+        // Lines spanned by `len` bytes at the start of row `row`.
+        let span =
+            |stride: usize, row: usize, len: usize| (row * stride * 8 % 64 + len).div_ceil(64);
+        let fewest = |stride: usize, len: usize| {
+            (0..64).all(|row| span(stride, row, len) == len.div_ceil(64))
+        };
+        for words in 1..260 {
+            for prefix in 1..=words {
+                let stride = line_stride(words, prefix);
+                let (bytes, prefix_bytes) = (words * 8, prefix * 8);
+                let within = |s: usize| s >= words && (s - words) * 8 <= words;
+                assert!(stride == words || within(stride), "{words} {prefix}");
+                let candidates = (words..=bytes.div_ceil(64) * 8).filter(|&s| within(s));
+                let both = |s: usize| fewest(s, bytes) && fewest(s, prefix_bytes);
+                if candidates.clone().any(both) {
+                    assert!(both(stride), "{words} {prefix}: {stride}");
+                } else if candidates.clone().any(|s| fewest(s, prefix_bytes)) {
+                    assert!(fewest(stride, prefix_bytes), "{words} {prefix}: {stride}");
+                }
+            }
+        }
+        // Dim 64 f32 with a score and Adam's slots inline: the values' five
+        // lines and the whole row's thirteen, at every row id.
+        let (prefix, words) = (3 + 32, 3 + 32 + 64);
+        assert!(fewest(line_stride(words, prefix), words * 8));
+        assert!(fewest(line_stride(words, prefix), prefix * 8));
     }
 
     #[test]

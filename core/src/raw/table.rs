@@ -1487,7 +1487,13 @@ impl Table {
         let mut row = start;
         while row < end && rows.keys.len() < max_rows {
             if row + EXPORT_PREFETCH < end {
-                let (address, bytes) = self.rows.row_span(row + EXPORT_PREFETCH);
+                let ahead = row + EXPORT_PREFETCH;
+                // Exported slots may be inline in the row.
+                let (address, bytes) = if slot_count > 0 {
+                    self.rows.block_span(ahead)
+                } else {
+                    self.rows.row_span(ahead)
+                };
                 prefetch_span(address, bytes);
             }
             if let Some((key, score)) = self.rows.read_live(row, &mut row_buf, &mut slot_buf) {
