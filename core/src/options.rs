@@ -387,12 +387,15 @@ impl<K: Key> VariableBuilder<K> {
     /// in each of three columns. Room for a slot is kept in every row from
     /// the start, so room no optimizer fills is memory spent for nothing;
     /// slots past `slots` get columns of their own as usual. Lookups read
-    /// only the header and values either way, though at some dims the
-    /// padding that keeps a whole row in its fewest cache lines lets the
-    /// values straddle one more line than without inline slots (at dims 8,
-    /// 12, 24 and 48 in some dtypes; never at 16, 32, 64, 128 or 256). At most [`MAX_SLOTS`], and the
-    /// values with their inline slots may take no more bytes than
-    /// [`MAX_DIM`] `f32` values.
+    /// only the header and values either way. A row is padded (by at most
+    /// an eighth of its bytes) so that it spans its fewest cache lines at
+    /// every row id, and so do its header and values where that padding
+    /// allows; at some dims it does not, and a lookup's values straddle
+    /// one more line than without inline slots (with Adam's two `f32`
+    /// slots: dims 11, 12, 25 and 26, or 1, 2, 9, 10, 25 and 26 with a
+    /// restrict policy's score; never at dims 16, 32, 64, 128 or 256). At
+    /// most [`MAX_SLOTS`], and the values with their inline slots may take
+    /// no more bytes than [`MAX_DIM`] `f32` values.
     pub fn inline_slots(mut self, slots: usize) -> Self {
         self.options.inline_slots = slots;
         self
