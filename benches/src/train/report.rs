@@ -94,8 +94,8 @@ impl TrainReport {
         let _ = writeln!(
             out,
             "\n### training steps ({} fields of ids Zipf({}) mod {} + field offset, dim {}, \
-             batch {}, Adam; dynemb tables: values {}, slots {} (m and v inline); {} warm-up + {} timed steps per \
-             run; samples/s: all timed samples / their wall time)\n",
+             batch {}, Adam; dynemb tables: values {}, slots {} (m and v inline); {} warm-up + \
+             {} timed steps per run; samples/s: all timed samples / their wall time)\n",
             s.fields,
             s.zipf_exponent,
             s.vocab,

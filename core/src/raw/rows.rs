@@ -37,10 +37,11 @@
 //! the bits of the slot's initial value (see [`Codec`]): zeroed memory
 //! reads as the initial value, rows that existed before the slot need no
 //! fill (inline room no slot has used is never written, so it is zero),
-//! and a reused row is reset by zeroing its slot words. A new row resets every slot column the store
-//! has when the row is written, reading the slot count after taking the row's
-//! lock: a slot added before the row's previous owner wrote it is therefore
-//! always seen, so no stale slot value survives a row's reuse.
+//! and a reused row is reset by zeroing its slot words. A new row resets
+//! every slot the store has when the row is written, reading the slot count
+//! after taking the row's lock: a slot added before the row's previous
+//! owner wrote it is therefore always seen, so no stale slot value survives
+//! a row's reuse.
 //!
 //! Row consistency is a seqlock: writers lock the state word by CAS, write the
 //! row's words, and release with a new version; readers copy the words and
@@ -369,13 +370,10 @@ impl SlotColumn {
     /// given (see [`Codec::store_stochastic`]); the caller holds the row's
     /// lock.
     fn store(&self, main: &[AtomicU64], row: u64, src: &[f32], noise: Option<u64>) {
-        let words = match &self.place {
-            SlotPlace::Inline { at } => &main[*at..*at + self.words],
-            SlotPlace::Column(column) => {
-                column.ensure(row);
-                column.row(row)
-            }
-        };
+        if let Some(column) = self.column() {
+            column.ensure(row);
+        }
+        let words = self.words(main, row).expect("the slot's row was ensured");
         match noise {
             Some(noise) => self.codec.store_stochastic(words, src, noise),
             None => self.codec.store(words, src),
@@ -474,6 +472,8 @@ pub(crate) struct RowStore {
     values_at: usize,
     /// Words of the header and the values, before any inline slot.
     values_end: usize,
+    /// Words of one slot's row (inline room is this per inline slot).
+    slot_words: usize,
     main: Column,
     /// Slot columns `0..slot_count`, added in order, never removed.
     slots: [OnceLock<SlotColumn>; MAX_SLOTS],
@@ -521,8 +521,8 @@ impl RowStore {
         let values_at = HEADER_WORDS + usize::from(scored);
         let values = Codec::new(format.values, 0.0);
         let values_end = values_at + values.words(dim);
-        let inline_words =
-            format.inline_slots.min(MAX_SLOTS) * Codec::new(format.slots, 0.0).words(dim);
+        let slot_words = Codec::new(format.slots, 0.0).words(dim);
+        let inline_words = format.inline_slots.min(MAX_SLOTS) * slot_words;
         RowStore {
             ranks: (rule != Ranks::Off).then(|| Column::new(1)),
             rank_rule: rule,
@@ -532,6 +532,7 @@ impl RowStore {
             scored,
             values_at,
             values_end,
+            slot_words,
             main: Column::with_prefix(values_end + inline_words, values_end),
             slots: std::array::from_fn(|_| OnceLock::new()),
             slot_count: AtomicUsize::new(0),
@@ -598,8 +599,8 @@ impl RowStore {
         if index == MAX_SLOTS {
             return None;
         }
-        let inline_at = (index < self.format.inline_slots)
-            .then(|| self.values_end + index * Codec::new(self.format.slots, 0.0).words(self.dim));
+        let inline_at =
+            (index < self.format.inline_slots).then(|| self.values_end + index * self.slot_words);
         if self.slots[index]
             .set(SlotColumn::new(
                 self.dim,
@@ -692,10 +693,9 @@ impl RowStore {
     #[inline]
     pub(crate) fn block_span(&self, row: u64) -> (*const AtomicU64, usize) {
         let inline = self.slot_count().min(self.format.inline_slots);
-        let slot_words = Codec::new(self.format.slots, 0.0).words(self.dim);
         (
             self.main.row_address(row),
-            (self.values_end + inline * slot_words) * 8,
+            (self.values_end + inline * self.slot_words) * 8,
         )
     }
 
