@@ -415,14 +415,22 @@ impl SketchCounts {
         let base = sketch_base(key);
         let estimate = {
             let _one_read_at_a_time = lock(&self.locks[scale(base.rotate_left(32), STRIPES)]);
-            let least = self
-                .cells(base)
-                .map(|c| c.load(Ordering::Relaxed))
-                .min()
-                .unwrap_or(0);
+            let mut seen = [(0_usize, 0_u16); MAX_SKETCH_DEPTH];
+            let seen = &mut seen[..self.depth];
+            for (row, cell) in seen.iter_mut().enumerate() {
+                let at = row * self.width + column(base, row, self.width);
+                *cell = (at, self.counters[at].load(Ordering::Relaxed));
+            }
+            let least = seen.iter().map(|&(_, value)| value).min().unwrap_or(0);
             let raised = least.saturating_add(1);
-            for cell in self.cells(base) {
-                cell.fetch_max(raised, Ordering::Relaxed);
+            // Only the counters at the minimum rise, so the others need
+            // no read-modify-write: a counter at or above `raised` stays
+            // there (other keys' counts only raise it) unless the sketch
+            // ages meanwhile.
+            for &(at, value) in seen.iter() {
+                if value < raised {
+                    self.counters[at].fetch_max(raised, Ordering::Relaxed);
+                }
             }
             raised
         };
@@ -461,8 +469,9 @@ impl SketchCounts {
         self.ageing.store(false, Ordering::Release);
     }
 
-    /// Halves every counter. A counter raised meanwhile keeps its raised
-    /// value (it is never lowered below a concurrent count).
+    /// Halves every counter. A counter a concurrent count raises keeps its
+    /// raised value; one that count found above the key's minimum (and so
+    /// left alone) may be halved, as if the read came before the ageing.
     fn halve(&self) {
         for cell in self.counters.iter() {
             let value = cell.load(Ordering::Relaxed);
@@ -1067,6 +1076,39 @@ mod tests {
         }
         assert_eq!(a.estimate(9), max, "saturated, not wrapped");
         assert!(a.admits(9));
+    }
+
+    /// Conservative update: a read raises the key's counters at its
+    /// minimum by one and leaves the others as they are.
+    #[test]
+    fn a_read_raises_only_the_counters_at_the_minimum() {
+        let (width, depth) = (1 << 10, 4);
+        let a = sketch(100, width, depth);
+        let key = 77;
+        let at: Vec<usize> = (0..depth)
+            .map(|row| row * width + column(sketch_base(key), row, width))
+            .collect();
+        let mut counters = vec![0; width * depth];
+        for (&at, value) in at.iter().zip([5, 2, 7, 2]) {
+            counters[at] = value;
+        }
+        a.set_state(AdmissionState::Sketch {
+            width,
+            depth,
+            counters,
+            reads: 0,
+        })
+        .unwrap();
+        assert!(!a.read(key));
+        let AdmissionState::Sketch { counters, .. } = a.state() else {
+            unreachable!("a sketch")
+        };
+        let after: Vec<u16> = at.iter().map(|&at| counters[at]).collect();
+        assert_eq!(after, [5, 3, 7, 3]);
+        assert_eq!(
+            counters.iter().map(|&c| u32::from(c)).sum::<u32>(),
+            5 + 3 + 7 + 3
+        );
     }
 
     #[test]

@@ -48,8 +48,13 @@ pub(super) enum Access<'s> {
     Read,
     /// Writes the row and its rows of these slot columns, inserting the key
     /// if absent: fetch the whole row, those slot rows (each in a column of
-    /// its own, so each another miss) and the slot an insert would claim.
+    /// its own, so each another miss), a bounded table's rank of the row
+    /// (in its own column too) and the slot an insert would claim.
     Write(&'s [usize]),
+    /// Reads the row, inserting the key if absent (a training read, which
+    /// writes no row it finds): fetch the whole row and the slot an insert
+    /// would claim, and for a missing key what admission counts it with.
+    ReadOrInsert,
     /// Marks the row dead: fetch its header line only.
     Remove,
 }
@@ -92,9 +97,10 @@ impl Table {
                 .filter(|&j| j < n)
             {
                 let key = &mut ring[j % RING];
-                key.first = key
-                    .index
-                    .find_start(key.hash, matches!(access, Access::Write(_)));
+                key.first = key.index.find_start(
+                    key.hash,
+                    matches!(access, Access::Write(_) | Access::ReadOrInsert),
+                );
             }
             if let Some(j) = (step + ROWS_AHEAD)
                 .checked_sub(TAGS_AHEAD)
@@ -107,7 +113,7 @@ impl Table {
                 if key.row != MISSING {
                     let (address, bytes) = self.rows.row_span(key.row);
                     match access {
-                        Access::Read => prefetch_span(address, bytes),
+                        Access::Read | Access::ReadOrInsert => prefetch_span(address, bytes),
                         Access::Write(slots) => {
                             prefetch_span(address, bytes);
                             for &slot in slots {
@@ -120,9 +126,11 @@ impl Table {
                         }
                         Access::Remove => prefetch(address),
                     }
-                } else if let (Access::Write(_), Some(admitter)) = (access, &self.admitter) {
-                    // A missing key's write counts or checks it for
-                    // admission first.
+                } else if let (Access::Write(_) | Access::ReadOrInsert, Some(admitter)) =
+                    (access, &self.admitter)
+                {
+                    // A missing key's write or training read counts or
+                    // checks it for admission first.
                     admitter.prefetch(keys[j]);
                 }
             }

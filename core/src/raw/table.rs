@@ -1018,44 +1018,49 @@ impl Table {
         let rows = rows_in(out.len(), dim, "out", keys.len())?;
         positions.check(keys.len(), rows, "out", dim)?;
         let score = self.batch_score();
-        self.write_batch(keys, &[], true, |writer, i, key, hash, found| {
-            let at = positions.of(i) * dim;
-            let dst = &mut out[at..at + dim];
-            if found != MISSING {
-                self.rows.read(found, dst);
-                // The pipeline looked a few keys ago: a row evicted or
-                // removed since is not the key's row any more (its id is
-                // not reused while the batch is pinned, so a row live now
-                // was the key's when it was read).
-                if self.rows.live_score(found).is_some() {
-                    return Ok(());
+        self.write_batch(
+            keys,
+            Access::ReadOrInsert,
+            true,
+            |writer, i, key, hash, found| {
+                let at = positions.of(i) * dim;
+                let dst = &mut out[at..at + dim];
+                if found != MISSING {
+                    self.rows.read(found, dst);
+                    // The pipeline looked a few keys ago: a row evicted or
+                    // removed since is not the key's row any more (its id is
+                    // not reused while the batch is pinned, so a row live now
+                    // was the key's when it was read).
+                    if self.rows.live_score(found).is_some() {
+                        return Ok(());
+                    }
                 }
-            }
-            if let Some(admitter) = &self.admitter {
-                // The pipeline looked a few keys ago: look again before
-                // counting a read of a missing key.
-                if let Some(row) = self.find(writer.index(), key, hash, writer.guard) {
-                    self.rows.read(row, dst);
-                    return Ok(());
+                if let Some(admitter) = &self.admitter {
+                    // The pipeline looked a few keys ago: look again before
+                    // counting a read of a missing key.
+                    if let Some(row) = self.find(writer.index(), key, hash, writer.guard) {
+                        self.rows.read(row, dst);
+                        return Ok(());
+                    }
+                    writer.counted += 1;
+                    if !admitter.count(key) {
+                        init(key, dst);
+                        not_admitted(positions.of(i));
+                        writer.not_admitted += 1;
+                        return Ok(());
+                    }
                 }
-                writer.counted += 1;
-                if !admitter.count(key) {
+                let (row, inserted) = writer.find_or_insert(key, hash, |row| {
                     init(key, dst);
-                    not_admitted(positions.of(i));
-                    writer.not_admitted += 1;
-                    return Ok(());
+                    self.rows
+                        .write_new(row, key, dst, &[], score, Rounding::NearestEven);
+                })?;
+                if !inserted {
+                    self.rows.read(row, dst);
                 }
-            }
-            let (row, inserted) = writer.find_or_insert(key, hash, |row| {
-                init(key, dst);
-                self.rows
-                    .write_new(row, key, dst, &[], score, Rounding::NearestEven);
-            })?;
-            if !inserted {
-                self.rows.read(row, dst);
-            }
-            Ok(())
-        })
+                Ok(())
+            },
+        )
     }
 
     /// Sets the rows of `keys` to `values`, inserting absent keys. A key
@@ -1098,59 +1103,64 @@ impl Table {
         // (not one another writer re-inserted meanwhile) gets later deltas.
         let mut inserted_here = HashMap::with_hasher(ahash::RandomState::with_seeds(1, 2, 3, 4));
         let score = self.batch_score();
-        self.write_batch(keys, &[], true, |writer, i, key, hash, found| {
-            let p = positions.of(i);
-            let delta = &deltas[p * dim..(p + 1) * dim];
-            let mut overflow = None;
-            let mut add = |words: &[AtomicU64]| match self.rows.add_if_fits(words, delta) {
-                Ok(()) => true,
-                Err(sum) => {
-                    overflow = Some(sum);
-                    false
-                }
-            };
-            if exists[p] {
-                // Absent when the pipeline looked: ignored, unless this batch
-                // inserted it since (the pipeline looks a few keys ahead).
-                // Removed since: look again (it may be back under a new row).
-                let mut row = found;
-                if row == MISSING {
-                    if let Some(&inserted) = inserted_here.get(&key) {
+        self.write_batch(
+            keys,
+            Access::Write(&[]),
+            true,
+            |writer, i, key, hash, found| {
+                let p = positions.of(i);
+                let delta = &deltas[p * dim..(p + 1) * dim];
+                let mut overflow = None;
+                let mut add = |words: &[AtomicU64]| match self.rows.add_if_fits(words, delta) {
+                    Ok(()) => true,
+                    Err(sum) => {
+                        overflow = Some(sum);
+                        false
+                    }
+                };
+                if exists[p] {
+                    // Absent when the pipeline looked: ignored, unless this batch
+                    // inserted it since (the pipeline looks a few keys ahead).
+                    // Removed since: look again (it may be back under a new row).
+                    let mut row = found;
+                    if row == MISSING {
+                        if let Some(&inserted) = inserted_here.get(&key) {
+                            // If the row died (removed meanwhile), the delta goes with it.
+                            let _ = self.rows.update(inserted, score, &mut add);
+                        }
+                    }
+                    while row != MISSING {
+                        if self.rows.update(row, score, &mut add).is_some() {
+                            break;
+                        }
+                        row = self
+                            .find(writer.index(), key, hash, writer.guard)
+                            .unwrap_or(MISSING);
+                    }
+                } else {
+                    if !writer.admits(key) {
+                        // Not admitted: its insert is skipped (present, it
+                        // would be ignored too, as no earlier occurrence of
+                        // this batch could have inserted it).
+                        return Ok(());
+                    }
+                    let (row, inserted) = writer.find_or_insert(key, hash, |row| {
+                        self.rows
+                            .write_new(row, key, delta, &[], score, Rounding::NearestEven);
+                    })?;
+                    if inserted {
+                        inserted_here.insert(key, row);
+                    } else if inserted_here.get(&key) == Some(&row) {
                         // If the row died (removed meanwhile), the delta goes with it.
-                        let _ = self.rows.update(inserted, score, &mut add);
+                        let _ = self.rows.update(row, score, &mut add);
                     }
                 }
-                while row != MISSING {
-                    if self.rows.update(row, score, &mut add).is_some() {
-                        break;
-                    }
-                    row = self
-                        .find(writer.index(), key, hash, writer.guard)
-                        .unwrap_or(MISSING);
+                if let Some(sum) = overflow {
+                    refused(p, sum);
                 }
-            } else {
-                if !writer.admits(key) {
-                    // Not admitted: its insert is skipped (present, it
-                    // would be ignored too, as no earlier occurrence of
-                    // this batch could have inserted it).
-                    return Ok(());
-                }
-                let (row, inserted) = writer.find_or_insert(key, hash, |row| {
-                    self.rows
-                        .write_new(row, key, delta, &[], score, Rounding::NearestEven);
-                })?;
-                if inserted {
-                    inserted_here.insert(key, row);
-                } else if inserted_here.get(&key) == Some(&row) {
-                    // If the row died (removed meanwhile), the delta goes with it.
-                    let _ = self.rows.update(row, score, &mut add);
-                }
-            }
-            if let Some(sum) = overflow {
-                refused(p, sum);
-            }
-            Ok(())
-        })
+                Ok(())
+            },
+        )
     }
 
     /// Copies slot column `slot`'s rows of `keys` into `out` (`dim` values
@@ -1233,65 +1243,70 @@ impl Table {
             .map(|&slot| self.slot_initial(slot).unwrap_or_default())
             .collect();
         let mut scratch = vec![0.0; dim * (1 + slots.len())];
-        self.write_batch(keys, slots, true, |writer, i, key, hash, found| {
-            let pos = positions.of(i);
-            let mut row = found;
-            loop {
-                if row == MISSING {
-                    // The pipeline looked a few keys ago: an earlier
-                    // occurrence in this batch may have inserted it since.
+        self.write_batch(
+            keys,
+            Access::Write(slots),
+            true,
+            |writer, i, key, hash, found| {
+                let pos = positions.of(i);
+                let mut row = found;
+                loop {
+                    if row == MISSING {
+                        // The pipeline looked a few keys ago: an earlier
+                        // occurrence in this batch may have inserted it since.
+                        row = self
+                            .find(writer.index(), key, hash, writer.guard)
+                            .unwrap_or(MISSING);
+                    }
+                    if row == MISSING {
+                        if !writer.admits(key) {
+                            // Not admitted: its update is dropped.
+                            return Ok(());
+                        }
+                        // Absent: update the row it would be inserted with, and
+                        // insert the result (nothing, if the update refuses).
+                        let (values, slot_rows) = scratch.split_at_mut(dim);
+                        init(key, values);
+                        for (out, &initial) in slot_rows.chunks_exact_mut(dim).zip(&initials) {
+                            out.fill(initial);
+                        }
+                        if !update(pos, values, slot_rows) {
+                            return Ok(());
+                        }
+                        let written =
+                            SlotRows::new(slots.iter().copied().zip(slot_rows.chunks_exact(dim)));
+                        let written = written.as_slice();
+                        let inserted;
+                        (row, inserted) = writer.find_or_insert(key, hash, |new| {
+                            self.rows.write_new(
+                                new,
+                                key,
+                                values,
+                                written,
+                                score,
+                                self.rows.format().rounding,
+                            );
+                        })?;
+                        if inserted {
+                            return Ok(());
+                        }
+                        // Another writer inserted it meanwhile: update its row.
+                    }
+                    let applied =
+                        self.rows
+                            .update_with_slots(row, score, slots, &mut scratch, |v, s| {
+                                update(pos, v, s)
+                            });
+                    if applied.is_some() {
+                        return Ok(());
+                    }
+                    // Removed since it was found: look again (or insert it again).
                     row = self
                         .find(writer.index(), key, hash, writer.guard)
                         .unwrap_or(MISSING);
                 }
-                if row == MISSING {
-                    if !writer.admits(key) {
-                        // Not admitted: its update is dropped.
-                        return Ok(());
-                    }
-                    // Absent: update the row it would be inserted with, and
-                    // insert the result (nothing, if the update refuses).
-                    let (values, slot_rows) = scratch.split_at_mut(dim);
-                    init(key, values);
-                    for (out, &initial) in slot_rows.chunks_exact_mut(dim).zip(&initials) {
-                        out.fill(initial);
-                    }
-                    if !update(pos, values, slot_rows) {
-                        return Ok(());
-                    }
-                    let written =
-                        SlotRows::new(slots.iter().copied().zip(slot_rows.chunks_exact(dim)));
-                    let written = written.as_slice();
-                    let inserted;
-                    (row, inserted) = writer.find_or_insert(key, hash, |new| {
-                        self.rows.write_new(
-                            new,
-                            key,
-                            values,
-                            written,
-                            score,
-                            self.rows.format().rounding,
-                        );
-                    })?;
-                    if inserted {
-                        return Ok(());
-                    }
-                    // Another writer inserted it meanwhile: update its row.
-                }
-                let applied =
-                    self.rows
-                        .update_with_slots(row, score, slots, &mut scratch, |v, s| {
-                            update(pos, v, s)
-                        });
-                if applied.is_some() {
-                    return Ok(());
-                }
-                // Removed since it was found: look again (or insert it again).
-                row = self
-                    .find(writer.index(), key, hash, writer.guard)
-                    .unwrap_or(MISSING);
-            }
-        })
+            },
+        )
     }
 
     /// Sets the rows of `keys` to `values`, the given slot columns' rows to
@@ -1332,35 +1347,40 @@ impl Table {
         let batch_score = self.batch_score();
         // A checkpoint's write sets the scores: its evictions do not age.
         let ages = scores.is_none();
-        self.write_batch(keys, &[], ages, |writer, i, key, hash, found| {
-            let pos = positions.of(i);
-            let at = pos * dim;
-            let src = &values[at..at + dim];
-            let slot_rows = SlotRows::new(
-                slots
-                    .iter()
-                    .map(|&(slot, rows)| (slot, &rows[at..at + dim])),
-            );
-            let slot_rows = slot_rows.as_slice();
-            let score = scores.map_or(batch_score, |scores| Score::Set(scores[pos]));
-            if found != MISSING && self.rows.overwrite(found, src, slot_rows, score) {
-                return Ok(());
-            }
-            loop {
-                let (row, inserted) = writer.find_or_insert(key, hash, |row| {
-                    self.rows
-                        .write_new(row, key, src, slot_rows, score, Rounding::NearestEven);
-                })?;
-                if inserted || self.rows.overwrite(row, src, slot_rows, score) {
+        self.write_batch(
+            keys,
+            Access::Write(&[]),
+            ages,
+            |writer, i, key, hash, found| {
+                let pos = positions.of(i);
+                let at = pos * dim;
+                let src = &values[at..at + dim];
+                let slot_rows = SlotRows::new(
+                    slots
+                        .iter()
+                        .map(|&(slot, rows)| (slot, &rows[at..at + dim])),
+                );
+                let slot_rows = slot_rows.as_slice();
+                let score = scores.map_or(batch_score, |scores| Score::Set(scores[pos]));
+                if found != MISSING && self.rows.overwrite(found, src, slot_rows, score) {
                     return Ok(());
                 }
-            }
-        })
+                loop {
+                    let (row, inserted) = writer.find_or_insert(key, hash, |row| {
+                        self.rows
+                            .write_new(row, key, src, slot_rows, score, Rounding::NearestEven);
+                    })?;
+                    if inserted || self.rows.overwrite(row, src, slot_rows, score) {
+                        return Ok(());
+                    }
+                }
+            },
+        )
     }
 
     /// Runs `op(writer, i, key, hash, found)` for every key of a batch under
-    /// one pin, with the key's probe, row and rows of the slot columns
-    /// `slots` prefetched ahead (see
+    /// one pin, with the key's probe and what `access` (a write or a
+    /// training read) needs of its row prefetched ahead (see
     /// [`pipeline`](super::pipeline)). `found` is the key's row as the
     /// pipeline saw it a few keys earlier (or `MISSING`): an op may use it,
     /// but must allow for the key having been removed since (a dead row
@@ -1370,10 +1390,11 @@ impl Table {
     fn write_batch(
         &self,
         keys: &[u64],
-        slots: &[usize],
+        access: Access<'_>,
         ages: bool,
         mut op: impl FnMut(&mut Writer<'_, '_>, usize, u64, u64, u64) -> Result<()>,
     ) -> Result<()> {
+        debug_assert!(matches!(access, Access::Write(_) | Access::ReadOrInsert));
         let guard = self.epoch.pin();
         let mut writer = Writer::new(self, &guard);
         writer.ages = ages;
@@ -1383,7 +1404,7 @@ impl Table {
             &guard,
             &mut writer,
             |writer| writer.index(),
-            Access::Write(slots),
+            access,
             |writer, i, key, hash, found| {
                 writer.keys_left = keys.len() - i;
                 op(writer, i, key, hash, found)
