@@ -760,9 +760,19 @@ impl RowStore {
             .checked_sub(TAKE_PREFETCH)
             .and_then(|i| cache.ids.get(i))
         {
-            // A new row's inline slots are written (reset) too.
+            // A new row's inline slots are written (reset) too, and so are
+            // its rows in slot columns of their own and, in a bounded
+            // table, its rank.
             let (address, bytes) = self.block_span(id);
             prefetch_span(address, bytes);
+            for slot in self.format.inline_slots..self.slot_count() {
+                let (address, bytes) = self.slot_span(slot, id);
+                prefetch_span(address, bytes);
+            }
+            let rank = self.rank_address(id);
+            if !rank.is_null() {
+                prefetch_span(rank, 8);
+            }
         }
     }
 
