@@ -17,7 +17,10 @@
 //!   key counted), and those keys are admitted late (or never, while new
 //!   keys keep the stripe full).
 //! - **Sketch** counts live in a count-min sketch of `depth` rows of
-//!   `width` saturating 16-bit counters with conservative update. Every
+//!   `width` saturating 16-bit counters with conservative update, in
+//!   memory allocated as the table's index is (zero pages mapped on first
+//!   use, huge pages from 2 MiB: a key's counters are random lines of a
+//!   large array, which then miss the TLB far less). Every
 //!   counter of a key is at least the key's count of reads since the last
 //!   ageing, so a key is never admitted late. Reads of one key are counted
 //!   one at a time (a striped lock): two reads raising the same minimum at
@@ -38,6 +41,7 @@
 use super::pending::{PendingMap, ProbeHint};
 use super::{Admission, SKETCH_AGEING_READS};
 use crate::raw::kernels::prefetch;
+use crate::raw::zeroed::{try_zeroed_slice, ZeroedSlice};
 use crate::{Error, Result};
 use crossbeam_utils::CachePadded;
 use std::fmt;
@@ -177,7 +181,7 @@ struct SketchCounts {
     width: usize,
     depth: usize,
     /// Row by row: row `i` is `counters[i * width..(i + 1) * width]`.
-    counters: Box<[AtomicU16]>,
+    counters: ZeroedSlice<AtomicU16>,
     /// Reads counted since the last ageing.
     reads: AtomicU64,
     /// Reads between two agings: [`SKETCH_AGEING_READS`] x `width`.
@@ -359,19 +363,15 @@ impl SketchCounts {
     /// An all-zero sketch; [`Error::OutOfMemory`] if it cannot be had.
     fn new(min_count: u32, width: usize, depth: usize) -> Result<SketchCounts> {
         let len = width * depth;
-        let mut counters = Vec::new();
-        counters
-            .try_reserve_exact(len)
-            .map_err(|_| Error::OutOfMemory {
-                what: "admission sketch",
-                bytes: len.saturating_mul(2),
-            })?;
-        counters.extend((0..len).map(|_| AtomicU16::new(0)));
+        let counters = try_zeroed_slice(len, 64).ok_or(Error::OutOfMemory {
+            what: "admission sketch",
+            bytes: len.saturating_mul(2),
+        })?;
         Ok(SketchCounts {
             min_count,
             width,
             depth,
-            counters: counters.into_boxed_slice(),
+            counters,
             reads: AtomicU64::new(0),
             ageing_reads: (SKETCH_AGEING_READS as u64).saturating_mul(width as u64),
             ageing: AtomicBool::new(false),

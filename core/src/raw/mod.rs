@@ -52,7 +52,7 @@ mod rows;
 mod sync;
 mod table;
 pub(crate) mod tags;
-mod zeroed;
+pub(crate) mod zeroed;
 
 pub use rows::{RowFormat, MAX_SLOTS, PREFAULT_MAX_BYTES};
 pub(crate) use table::Lifecycle;

@@ -27,6 +27,9 @@ unsafe impl Zeroable for [super::sync::AtomicU64; 2] {}
 // SAFETY: as above (rows always use std's atomics).
 unsafe impl Zeroable for std::sync::atomic::AtomicU64 {}
 
+// SAFETY: as above (admission sketches use std's atomics).
+unsafe impl Zeroable for std::sync::atomic::AtomicU16 {}
+
 /// Size from which arrays are mapped with huge pages.
 #[cfg(all(unix, not(miri), not(loom)))]
 const HUGE_PAGE: usize = 2 << 20;
