@@ -458,10 +458,13 @@ impl<K: Key> Variable<K> {
         })
     }
 
-    /// [`Variable::lookup_or_insert`], also telling which keys have a row
-    /// after the read: `exists[i]` is false only for a key that
+    /// [`Variable::lookup_or_insert`], also telling which keys the read
+    /// found or inserted: `exists[i]` is false only for a key that
     /// [admission](VariableBuilder::admission) has not admitted yet (its
-    /// read returned the initializer's row and inserted nothing). A layer
+    /// read returned the initializer's row and inserted nothing). In a
+    /// variable at its [capacity](VariableBuilder::capacity), an insert
+    /// later in the same call may evict a key reported true (a batch of
+    /// more new keys than the capacity cannot keep them all). A layer
     /// drops the gradient of such a read, as an optimizer step on the
     /// table drops the key's update, so a key admitted by a later read of
     /// the same step is trained by that read's gradient alone.

@@ -8,7 +8,9 @@
 //! - a sketch of another shape, or admission of another kind, is an
 //!   [`Error::Mismatch`] that changes nothing;
 //! - a variable without admission restores a checkpoint with admission
-//!   state (and ignores it).
+//!   state (and ignores it);
+//! - exact counts share the pending bound: keys pending below it are all
+//!   admitted on time, however small the bound.
 
 use dynemb::{Admission, Error, Variable};
 use std::path::Path;
@@ -210,4 +212,47 @@ fn a_training_read_tells_which_keys_it_left_without_a_row() {
         .unwrap();
     assert_eq!(exists, [true, true]);
     assert_eq!(open.size(), 2);
+}
+
+/// Exact counts share the pending bound (the capacity) across the
+/// counter's stripes: as long as fewer keys are pending than the bound,
+/// every key is admitted at exactly its `min_count`-th read, however few
+/// the bound and wherever the keys fall.
+#[test]
+fn keys_pending_below_the_bound_are_admitted_on_time() {
+    for (capacity, keys) in [
+        (2_usize, 2_u64),
+        (64, 32),
+        (64, 63),
+        (1000, 900),
+        (6400, 6000),
+    ] {
+        let var = Variable::<u64>::builder("t")
+            .dim(DIM)
+            .capacity(capacity)
+            .admission(Admission::Exact { min_count: 2 })
+            .build()
+            .unwrap();
+        for round in 0..3_u64 {
+            let batch: Vec<u64> = (0..keys)
+                .map(|k| (round << 40) ^ k.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+                .collect();
+            let mut out = vec![0.0; batch.len() * DIM];
+            let mut exists = vec![false; batch.len()];
+            var.lookup_or_insert_with_exists(&batch, &mut out, &mut exists)
+                .unwrap();
+            assert!(
+                exists.iter().all(|&e| !e),
+                "capacity {capacity}: first reads"
+            );
+            var.lookup_or_insert_with_exists(&batch, &mut out, &mut exists)
+                .unwrap();
+            let admitted = exists.iter().filter(|&&e| e).count();
+            assert_eq!(
+                admitted, keys as usize,
+                "capacity {capacity}, {keys} keys pending, round {round}"
+            );
+            var.clear();
+        }
+    }
 }

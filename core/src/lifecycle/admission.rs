@@ -3,19 +3,22 @@
 //! a variable.
 //!
 //! - **Exact** counts live in 64 (fewer for a small bound) striped maps
-//!   ([`PendingMap`]: open addressing, one lock each), each holding at
-//!   most its share of the pending bound, so the counter never holds more
-//!   keys than the bound in all. Each stripe publishes where its map's
+//!   ([`PendingMap`]: open addressing, one lock each) that share the
+//!   pending bound: a stripe takes room for new keys from a shared pool a
+//!   few keys at a time (and gives back what an admitted key's entry
+//!   frees past a few), so the pending keys, the room the stripes hold
+//!   and the pool never add up to more than the bound, and any stripe
+//!   may hold any part of it. Each stripe publishes where its map's
 //!   entries are ([`ProbeHint`]), so a batch prefetches a key's entry a
 //!   few keys before it counts the key, without the lock, and the lock's
-//!   own line with it. A key's count is
-//!   exact while it stays pending; it is removed when it reaches
-//!   `min_count` (that read admits the key), or dropped when its stripe is
-//!   full and a new key arrives: the stripe then drops its lowest counts
-//!   (every entry at the lowest count, and the next lowest until a
-//!   sixteenth of the stripe is free, so making room costs a constant per
-//!   key counted), and those keys are admitted late (or never, while new
-//!   keys keep the stripe full).
+//!   own line with it. A key's count is exact while it stays pending; it
+//!   is removed when it reaches `min_count` (that read admits the key),
+//!   or dropped when the bound is reached and a new key arrives: once no
+//!   stripe holds unused room, one thread drops the lowest counts of all
+//!   stripes (every entry at the lowest count, and the next lowest until
+//!   a sixteenth of the bound is free, so making room costs a constant
+//!   per key counted), and those keys are admitted late (or never, while
+//!   new keys keep the counter full).
 //! - **Sketch** counts live in a count-min sketch of `depth` rows of
 //!   `width` saturating 16-bit counters with conservative update, in
 //!   memory allocated as the table's index is (zero pages mapped on first
@@ -45,11 +48,15 @@ use crate::raw::zeroed::{try_zeroed_slice, ZeroedSlice};
 use crate::{Error, Result};
 use crossbeam_utils::CachePadded;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// Stripes of an exact counter (and locks of a sketch).
 const STRIPES: usize = 64;
+
+/// Most room for new pending keys a stripe takes from the shared pool at
+/// a time (fewer for a small bound).
+const ROOM_BATCH: usize = 16;
 
 /// Most rows a sketch may have (as the builder checks).
 pub(crate) const MAX_SKETCH_DEPTH: usize = 16;
@@ -118,9 +125,20 @@ enum Counts {
     Sketch(SketchCounts),
 }
 
-/// Exact pending counts, striped by key.
+/// Exact pending counts of at most `bound` keys, striped by key (see the
+/// module docs).
 struct ExactCounts {
     min_count: u32,
+    bound: usize,
+    /// Room a stripe takes from `free` at a time.
+    room_batch: usize,
+    /// Room for new pending keys that no stripe holds. The pending keys,
+    /// the stripes' spare room and this never add up to more than
+    /// `bound`; they add up to it when no stripe is taking or giving room.
+    free: CachePadded<AtomicUsize>,
+    /// Held by the one thread that gathers room or drops counts from all
+    /// stripes (it locks them one at a time, never two at once).
+    making_room: Mutex<()>,
     stripes: Box<[CachePadded<StripeCell>]>,
 }
 
@@ -168,11 +186,11 @@ impl Drop for LockedStripe<'_> {
     }
 }
 
-/// One stripe of exact counts: at most `room` keys, each with a count in
-/// `1..min_count`.
+/// One stripe of exact counts: keys with a count in `1..min_count`, and
+/// room for `spare` more taken from the shared pool.
 struct Stripe {
     counts: PendingMap,
-    room: usize,
+    spare: usize,
 }
 
 /// A count-min sketch of `depth` rows of `width` counters.
@@ -207,75 +225,31 @@ pub(crate) enum AdmissionState {
     },
 }
 
-impl Stripe {
-    /// Drops at least `n` entries (all of them if `n` is the stripe's
-    /// size or more): every entry whose count is at most the `n`-th lowest
-    /// count, so keys of equal count go together.
-    fn drop_lowest(&mut self, n: usize) {
-        let len = self.counts.len();
-        if n == 0 || len == 0 {
-            return;
-        }
-        if n >= len {
-            self.counts.clear();
-            return;
-        }
-        let mut counts: Vec<u32> = self.counts.iter().map(|(_, count)| count).collect();
-        let (_, &mut highest_dropped, _) = counts.select_nth_unstable(n - 1);
-        self.counts.retain(|_, count| count > highest_dropped);
-    }
-
-    /// Makes room for one more key if the stripe is full: drops the
-    /// lowest counts, at least a sixteenth of the stripe.
-    fn make_room(&mut self) {
-        let len = self.counts.len();
-        if len >= self.room {
-            self.drop_lowest((len + 1 - self.room).max(len / 16));
-        }
-    }
-
-    /// Drops the lowest counts past the stripe's room: keeps exactly
-    /// `room` of the highest (which of equal counts at the edge stay is
-    /// arbitrary).
-    fn trim(&mut self) {
-        let len = self.counts.len();
-        if len <= self.room {
-            return;
-        }
-        let excess = len - self.room;
-        let mut counts: Vec<u32> = self.counts.iter().map(|(_, count)| count).collect();
-        let (_, &mut edge, _) = counts.select_nth_unstable(excess - 1);
-        let below = counts.iter().filter(|&&c| c < edge).count();
-        let mut edge_drops = excess - below;
-        self.counts.retain(|_, count| match count.cmp(&edge) {
-            std::cmp::Ordering::Less => false,
-            std::cmp::Ordering::Equal if edge_drops > 0 => {
-                edge_drops -= 1;
-                false
-            }
-            _ => true,
-        });
-    }
-}
-
 impl ExactCounts {
     /// Exact counts of at most `bound` keys in all.
     fn new(min_count: u32, bound: usize) -> ExactCounts {
         let bound = bound.max(1);
         let n = STRIPES.min(bound);
-        let room = |i: usize| bound / n + usize::from(i < bound % n);
         let stripes = (0..n)
             .map(|i| {
+                let share = bound / n + usize::from(i < bound % n);
                 CachePadded::new(StripeCell {
                     stripe: Mutex::new(Stripe {
-                        counts: PendingMap::new(room(i)),
-                        room: room(i),
+                        counts: PendingMap::new(share),
+                        spare: 0,
                     }),
                     hint: CachePadded::new(ProbeHint::default()),
                 })
             })
             .collect();
-        ExactCounts { min_count, stripes }
+        ExactCounts {
+            min_count,
+            bound,
+            room_batch: (bound / (4 * n)).clamp(1, ROOM_BATCH),
+            free: CachePadded::new(AtomicUsize::new(bound)),
+            making_room: Mutex::new(()),
+            stripes,
+        }
     }
 
     /// The index of `key`'s stripe.
@@ -301,13 +275,112 @@ impl ExactCounts {
         if self.min_count <= 1 {
             return true;
         }
-        let mut stripe = self.stripe(key);
-        if stripe.counts.len() >= stripe.room && stripe.counts.get(key).is_none() {
-            // Room is made before the insert, so a stripe never holds more
-            // than its room.
-            stripe.make_room();
+        loop {
+            let mut stripe = self.stripe(key);
+            if stripe.spare == 0 && stripe.counts.get(key).is_none() {
+                // Room is had before the insert, so the pending keys never
+                // number more than the bound.
+                stripe.spare = self.take_room();
+                if stripe.spare == 0 {
+                    drop(stripe);
+                    self.make_room();
+                    continue;
+                }
+            }
+            return match stripe.counts.bump(key, self.min_count) {
+                None => {
+                    // Admitted: its entry's room is the stripe's again.
+                    stripe.spare += 1;
+                    if stripe.spare > 2 * self.room_batch {
+                        let excess = stripe.spare - self.room_batch;
+                        stripe.spare = self.room_batch;
+                        self.free.fetch_add(excess, Ordering::Relaxed);
+                    }
+                    true
+                }
+                Some(1) => {
+                    stripe.spare -= 1;
+                    false
+                }
+                Some(_) => false,
+            };
         }
-        stripe.counts.bump(key, self.min_count).is_none()
+    }
+
+    /// Takes up to `room_batch` room from the pool (0 if it is empty).
+    fn take_room(&self) -> usize {
+        self.take_free(self.room_batch)
+    }
+
+    /// Takes up to `most` room from the pool: what it took.
+    fn take_free(&self, most: usize) -> usize {
+        self.free
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |free| {
+                (free > 0).then(|| free - free.min(most))
+            })
+            .map_or(0, |free| free.min(most))
+    }
+
+    /// Makes room for a new key when its stripe has none and the pool is
+    /// empty: gathers the room the other stripes hold unused, and if there
+    /// is none (every key of the bound is pending), drops the lowest counts
+    /// of all stripes, at least a sixteenth of the bound.
+    fn make_room(&self) {
+        let _alone = lock(&self.making_room);
+        if self.free.load(Ordering::Relaxed) > 0 {
+            return;
+        }
+        self.gather_spare_room();
+        if self.free.load(Ordering::Relaxed) > 0 {
+            return;
+        }
+        let dropped = self.drop_lowest((self.bound / 16).max(1), Ties::Together);
+        self.free.fetch_add(dropped, Ordering::Relaxed);
+    }
+
+    /// Moves every stripe's spare room to the pool (`making_room` held).
+    fn gather_spare_room(&self) {
+        for cell in self.stripes.iter() {
+            let spare = std::mem::take(&mut cell.lock().spare);
+            self.free.fetch_add(spare, Ordering::Relaxed);
+        }
+    }
+
+    /// Drops the `n` lowest counts of all stripes as they are read first
+    /// (`making_room` held): with [`Ties::Together`] every entry at or
+    /// below the `n`-th lowest count, with [`Ties::Split`] exactly `n` of
+    /// them (which of the equal counts at the edge go is arbitrary).
+    /// Counts that rise or go meanwhile are dropped as they are then.
+    /// Returns how many entries it dropped; their room is the caller's.
+    fn drop_lowest(&self, n: usize, ties: Ties) -> usize {
+        let mut counts: Vec<u32> = Vec::new();
+        for cell in self.stripes.iter() {
+            counts.extend(cell.lock().counts.iter().map(|(_, count)| count));
+        }
+        if n == 0 || counts.is_empty() {
+            return 0;
+        }
+        let n = n.min(counts.len());
+        let (_, &mut edge, _) = counts.select_nth_unstable(n - 1);
+        let mut edge_drops = match ties {
+            Ties::Together => usize::MAX,
+            Ties::Split => n - counts.iter().filter(|&&count| count < edge).count(),
+        };
+        let mut dropped = 0;
+        for cell in self.stripes.iter() {
+            let mut stripe = cell.lock();
+            let before = stripe.counts.len();
+            stripe.counts.retain(|_, count| match count.cmp(&edge) {
+                std::cmp::Ordering::Less => false,
+                std::cmp::Ordering::Equal if edge_drops > 0 => {
+                    edge_drops -= 1;
+                    false
+                }
+                _ => true,
+            });
+            dropped += before - stripe.counts.len();
+        }
+        dropped
     }
 
     /// Every pending key and its count.
@@ -325,9 +398,10 @@ impl ExactCounts {
 
     /// Raises the counts of `keys` to `counts` (counts of `min_count` or
     /// more become `min_count - 1`: the key's next read admits it; zero
-    /// counts are skipped), then drops the lowest counts past each
-    /// stripe's room: what stays are the highest counts, whatever the
-    /// order of `keys`.
+    /// counts are skipped), then drops the lowest counts of all stripes
+    /// past the bound: what stays are the highest counts, whatever the
+    /// order of `keys` (of equal counts at the edge, which stay is
+    /// arbitrary).
     fn merge(&self, keys: &[u64], counts: &[u32]) {
         if self.min_count <= 1 {
             return;
@@ -338,25 +412,69 @@ impl ExactCounts {
                 by_stripe[self.stripe_of(key)].push((key, count.min(self.min_count - 1)));
             }
         }
+        let _alone = lock(&self.making_room);
+        self.gather_spare_room();
+        // New keys take room from the pool; those it has none for are
+        // past the bound until the trim below.
+        let mut past_bound = 0;
         for (stripe, entries) in self.stripes.iter().zip(by_stripe) {
             if entries.is_empty() {
                 continue;
             }
             let mut stripe = stripe.lock();
-            // The stripe may go past its room until the trim.
+            let before = stripe.counts.len();
             for (key, count) in entries {
                 stripe.counts.raise(key, count);
             }
-            stripe.trim();
+            let added = stripe.counts.len() - before;
+            past_bound += added - self.take_free(added);
+        }
+        while past_bound > 0 {
+            let dropped = self.drop_lowest(past_bound, Ties::Split);
+            if dropped == 0 {
+                break;
+            }
+            let settled = dropped.min(past_bound);
+            past_bound -= settled;
+            self.free.fetch_add(dropped - settled, Ordering::Relaxed);
         }
     }
 
     /// Forgets every pending count.
     fn clear(&self) {
-        for stripe in self.stripes.iter() {
-            stripe.lock().counts.clear();
+        let _alone = lock(&self.making_room);
+        for cell in self.stripes.iter() {
+            let mut stripe = cell.lock();
+            let room = stripe.counts.len() + std::mem::take(&mut stripe.spare);
+            stripe.counts.clear();
+            self.free.fetch_add(room, Ordering::Relaxed);
         }
     }
+
+    /// The pending keys, the stripes' spare room and the pool (the bound
+    /// when no count is under way).
+    #[cfg(test)]
+    fn accounted(&self) -> usize {
+        let held: usize = self
+            .stripes
+            .iter()
+            .map(|cell| {
+                let stripe = cell.lock();
+                stripe.counts.len() + stripe.spare
+            })
+            .sum();
+        held + self.free.load(Ordering::Relaxed)
+    }
+}
+
+/// What [`ExactCounts::drop_lowest`] does with equal counts at its edge.
+#[derive(Clone, Copy)]
+enum Ties {
+    /// Drops them all (making room: keys of equal count go together).
+    Together,
+    /// Drops only as many as reach the number asked for (a restore keeps
+    /// exactly the bound).
+    Split,
 }
 
 impl SketchCounts {
@@ -810,18 +928,6 @@ mod tests {
         .unwrap()
     }
 
-    /// Keys that fall in the same stripe of `admitter`'s exact counts.
-    fn same_stripe(admitter: &Admitter, n: usize) -> Vec<u64> {
-        let Counts::Exact(exact) = &admitter.counts else {
-            unreachable!("exact counts")
-        };
-        let stripe = exact.stripe_of(0);
-        (0..)
-            .filter(|&k| exact.stripe_of(k) == stripe)
-            .take(n)
-            .collect()
-    }
-
     fn pending(admitter: &Admitter) -> usize {
         match admitter.state() {
             AdmissionState::Exact { keys, .. } => keys.len(),
@@ -856,11 +962,17 @@ mod tests {
         assert_eq!(pending(&a), 0);
     }
 
+    fn exact_counts(admitter: &Admitter) -> &ExactCounts {
+        let Counts::Exact(exact) = &admitter.counts else {
+            unreachable!("exact counts")
+        };
+        exact
+    }
+
     #[test]
-    fn a_full_stripe_drops_its_lowest_counts() {
-        // 64 stripes of room 2.
-        let a = exact(10, 128);
-        let keys = same_stripe(&a, 5);
+    fn a_full_counter_drops_its_lowest_counts() {
+        let a = exact(10, 2);
+        let keys = [3, 1 << 40, 17, 99, u64::MAX];
         for _ in 0..3 {
             a.read(keys[0]);
         }
@@ -888,8 +1000,7 @@ mod tests {
         );
 
         // Every entry at the lowest count goes together.
-        let a = exact(10, 64 * 4);
-        let keys = same_stripe(&a, 5);
+        let a = exact(10, 4);
         a.read(keys[0]);
         a.read(keys[0]);
         for &k in &keys[1..4] {
@@ -899,6 +1010,38 @@ mod tests {
         assert_eq!(a.estimate(keys[0]), 2);
         assert!(keys[1..4].iter().all(|&k| a.estimate(k) == 0));
         assert_eq!(a.estimate(keys[4]), 1);
+    }
+
+    #[test]
+    fn keys_below_the_bound_are_never_dropped_whatever_their_stripes() {
+        // Two keys pending at a time against a bound of two: every pair
+        // is admitted at its second reads, wherever its keys' stripes are.
+        let a = exact(2, 2);
+        for pair in 0..500_u64 {
+            let keys = [2 * pair, 2 * pair + 1];
+            assert!(keys.iter().all(|&k| !a.read(k)));
+            assert!(keys.iter().all(|&k| a.read(k)), "pair {pair}");
+        }
+        // 63 keys pending of a bound of 64 (one stripe each, 64 stripes),
+        // then 63 others: every key is admitted at its second read.
+        let a = exact(2, 64);
+        for round in 0..20_u64 {
+            let keys: Vec<u64> = (0..63).map(|i| round * 1000 + i).collect();
+            assert!(keys.iter().all(|&k| !a.read(k)));
+            assert_eq!(pending(&a), 63);
+            assert!(keys.iter().all(|&k| a.read(k)), "round {round}");
+            assert_eq!(exact_counts(&a).accounted(), 64);
+        }
+        // Nine tenths of a large bound pending at once.
+        let a = exact(3, 6400);
+        let keys: Vec<u64> = (0..5760).map(|k| k * 7919).collect();
+        for _ in 0..2 {
+            assert!(keys.iter().all(|&k| !a.read(k)));
+        }
+        assert_eq!(pending(&a), keys.len());
+        assert!(keys.iter().all(|&k| a.read(k)));
+        assert_eq!(pending(&a), 0);
+        assert_eq!(exact_counts(&a).accounted(), 6400);
     }
 
     #[test]
@@ -913,6 +1056,27 @@ mod tests {
                 }
             }
             assert!(pending(&a) <= bound, "bound {bound}");
+            assert_eq!(exact_counts(&a).accounted(), bound.max(1));
+        }
+    }
+
+    #[test]
+    fn four_threads_share_the_bound_exactly() {
+        for bound in [3, 64, 1000] {
+            let a = exact(3, bound);
+            std::thread::scope(|scope| {
+                for t in 0..4_u64 {
+                    let a = &a;
+                    scope.spawn(move || {
+                        let mut rng = Pcg64Mcg::seed_from_u64(t);
+                        for _ in 0..20_000 {
+                            a.read(rng.random_range(0..3 * bound as u64));
+                        }
+                    });
+                }
+            });
+            assert!(pending(&a) <= bound, "bound {bound}");
+            assert_eq!(exact_counts(&a).accounted(), bound, "bound {bound}");
         }
     }
 
@@ -971,9 +1135,8 @@ mod tests {
 
     #[test]
     fn a_restored_state_past_the_bound_keeps_the_highest_counts() {
-        // 64 stripes of room 3.
-        let a = exact(100, 64 * 3);
-        let keys = same_stripe(&a, 10);
+        let a = exact(100, 3);
+        let keys: Vec<u64> = (0..10).map(|k| k * 0x9e37_79b9).collect();
         let counts: Vec<u32> = vec![5, 1, 9, 2, 9, 3, 1, 7, 4, 2];
         a.set_state(AdmissionState::Exact {
             keys: keys.clone(),
@@ -985,14 +1148,58 @@ mod tests {
         };
         kept.sort_unstable();
         assert_eq!(kept, [keys[2], keys[4], keys[7]]);
-        // Equal counts at the edge: exactly the room is kept.
-        let a = exact(100, 64 * 3);
+        // Equal counts at the edge: exactly the bound is kept.
+        let a = exact(100, 3);
         a.set_state(AdmissionState::Exact {
             keys: keys.clone(),
             counts: vec![1; 10],
         })
         .unwrap();
         assert_eq!(pending(&a), 3);
+        assert_eq!(exact_counts(&a).accounted(), 3);
+
+        // Ten high counts among ninety low ones, into bounds from 10 to
+        // 100: the high counts all stay, and the bound is kept exactly.
+        let keys: Vec<u64> = (0..100).collect();
+        let counts: Vec<u32> = (0..100).map(|k| if k % 10 == 3 { 8 } else { 1 }).collect();
+        for bound in [10, 20, 64, 100] {
+            let a = exact(9, bound);
+            a.read(1_000_000); // a pending key and spare room beforehand
+            a.set_state(AdmissionState::Exact {
+                keys: keys.clone(),
+                counts: counts.clone(),
+            })
+            .unwrap();
+            let AdmissionState::Exact { counts: kept, .. } = a.state() else {
+                unreachable!()
+            };
+            assert_eq!(kept.len(), bound, "bound {bound}");
+            assert_eq!(
+                kept.iter().filter(|&&c| c == 8).count(),
+                10,
+                "bound {bound}"
+            );
+            assert_eq!(exact_counts(&a).accounted(), bound);
+        }
+        // A merge past the bound keeps the highest of both.
+        let a = exact(9, 4);
+        for (key, reads) in [(1, 5), (2, 1), (3, 1)] {
+            for _ in 0..reads {
+                a.read(key);
+            }
+        }
+        a.merge_state(&AdmissionState::Exact {
+            keys: vec![10, 11, 12],
+            counts: vec![7, 6, 1],
+        })
+        .unwrap();
+        let AdmissionState::Exact { keys: mut kept, .. } = a.state() else {
+            unreachable!()
+        };
+        kept.sort_unstable();
+        assert_eq!(kept.len(), 4);
+        assert!([1, 10, 11].iter().all(|k| kept.contains(k)), "{kept:?}");
+        assert_eq!(exact_counts(&a).accounted(), 4);
     }
 
     /// Reads keys with random true counts in a random order (a key stops
@@ -1048,19 +1255,31 @@ mod tests {
     /// in 2^20 x 4 about 0.01%.
     #[test]
     fn a_sketch_rarely_admits_early() {
-        let min_count = 3;
-        let a = sketch(min_count, 1 << 18, 4);
-        let mut rng = Pcg64Mcg::seed_from_u64(3);
-        let counts: Vec<u32> = (0..200_000).map(|_| rng.random_range(1..=2)).collect();
-        let admitted = replay(&a, &counts, 4);
-        let early = admitted.iter().filter(|adm| adm.is_some()).count();
-        let rate = early as f64 / counts.len() as f64;
-        println!(
-            "early admissions: {early} of {} keys read fewer than {min_count} times ({:.3}%)",
-            counts.len(),
-            rate * 100.0
-        );
-        assert!(rate < 0.05, "early admission rate {rate}");
+        // 200,000 keys into a sketch 2^18 wide (1.3 times the keys), 4
+        // deep: keys read once or twice against a min_count of 3, and
+        // keys read once against a min_count of 2; then a sketch a third
+        // as wide, which admits far more early.
+        for (min_count, most_reads, width, rates) in [
+            (3, 2, 1 << 18, 0.0..0.015),
+            (2, 1, 1 << 18, 0.0..0.03),
+            (3, 2, 1 << 16, 0.2..0.4),
+        ] {
+            let a = sketch(min_count, width, 4);
+            let mut rng = Pcg64Mcg::seed_from_u64(3);
+            let counts: Vec<u32> = (0..200_000)
+                .map(|_| rng.random_range(1..=most_reads))
+                .collect();
+            let admitted = replay(&a, &counts, 4);
+            let early = admitted.iter().filter(|adm| adm.is_some()).count();
+            let rate = early as f64 / counts.len() as f64;
+            println!(
+                "width {width}, min_count {min_count}: early admissions: {early} of {} \
+                 keys read fewer times ({:.3}%)",
+                counts.len(),
+                rate * 100.0
+            );
+            assert!(rates.contains(&rate), "early admission rate {rate}");
+        }
     }
 
     #[test]

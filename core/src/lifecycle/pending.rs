@@ -8,7 +8,7 @@
 //! of a key the map lacks stops at the first empty slot. The array is at
 //! most half full (about 1.5 entries read by a lookup that finds its key,
 //! 2.5 by one that does not), and 16 bytes an entry: it doubles as keys
-//! arrive, up to twice the map's limit (the stripe's room), so a map at
+//! arrive, up to twice the map's limit (the stripe's share of the bound), so a map at
 //! its limit takes 32 bytes a key (for a limit of 8 or more: the array has
 //! at least 16 slots); when keys are dropped it is sized for those kept.
 
@@ -276,14 +276,19 @@ impl PendingMap {
     }
 
     /// Keeps the keys for which `keep(key, count)` is true, in an array
-    /// sized for them ([`slots_for`](Self::slots_for)).
+    /// sized for them ([`slots_for`](Self::slots_for)) if any went.
     pub(crate) fn retain(&mut self, mut keep: impl FnMut(u64, u32) -> bool) {
+        let mut dropped = 0;
         for entry in &mut self.entries {
             if entry.count > 0 && !keep(entry.key, entry.count) {
                 *entry = Entry::default();
+                dropped += 1;
             }
         }
-        let kept = self.entries.iter().filter(|e| e.count > 0).count();
+        if dropped == 0 {
+            return;
+        }
+        let kept = self.len - dropped;
         if kept == 0 {
             self.clear();
         } else {

@@ -599,13 +599,17 @@ fn min_count(value: &str) -> Result<u32, String> {
 /// `_` separators allowed, that a [`Duration`] holds.
 fn seconds(value: &str) -> Result<Duration, String> {
     let number: String = value.chars().filter(|&c| c != '_').collect();
-    number
+    let seconds = number
         .parse::<f64>()
         .ok()
         .filter(|s| s.is_finite() && *s > 0.0)
-        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .ok_or("expected a number of seconds above 0, such as 90 or 0.5")?;
+    Duration::try_from_secs_f64(seconds)
+        .ok()
         .filter(|d| !d.is_zero())
-        .ok_or_else(|| "expected a number of seconds above 0, such as 90 or 0.5".into())
+        .ok_or_else(|| {
+            format!("{seconds} seconds is not a duration (at least 1 ns, at most about 1.8e19 s)")
+        })
 }
 
 /// A dtype: `f32`, `f16` or `bf16` (and the other names
@@ -1135,6 +1139,8 @@ mod tests {
         }
         let message = refused(&["--expire", "0"], "--expire", "0");
         assert!(message.contains("seconds above 0"), "{message}");
+        let message = refused(&["--expire", "1e30"], "--expire", "1e30");
+        assert!(message.contains("is not a duration"), "{message}");
     }
 
     #[test]

@@ -104,10 +104,12 @@ pub fn execute(config: &Config, open: &mut OpenData<'_>, out: &mut dyn Write) ->
         }
         None => (None, None),
     };
+    let mut converted = false;
     if let Some(manifest) = &resume {
         manifest.run.check_same(&run_config)?;
         if let Some(note) = manifest.run.conversion(&run_config) {
             writeln!(out, "{note}")?;
+            converted = true;
         }
     }
 
@@ -166,6 +168,7 @@ pub fn execute(config: &Config, open: &mut OpenData<'_>, out: &mut dyn Write) ->
                 .unwrap_or_default(),
         },
         resumed: resume.is_some(),
+        converted,
     };
     let resume_from = resume.as_ref().and(dir.as_ref()).map(CheckpointDir::path);
     match &config.redis {
@@ -248,6 +251,8 @@ struct Training<'a> {
     manifest: RunManifest,
     /// Whether the run resumes a checkpoint (the manifest's progress).
     resumed: bool,
+    /// Whether the resumed table's rows were converted to other dtypes.
+    converted: bool,
 }
 
 /// Why training stopped early.
@@ -292,10 +297,15 @@ impl Training<'_> {
                 .into());
             }
             trainer.set_counts(progress.rows)?;
+            let table = if self.converted {
+                "the table and its Adam slots resume converted as said above, the sparse \
+                 optimizer's step exactly"
+            } else {
+                "the table, its Adam slots and the sparse optimizer's step resume exactly"
+            };
             writeln!(
                 out,
-                "resuming the run: {progress}; the table, its Adam slots and the sparse \
-                 optimizer's step resume exactly, the MLP's AdamW restarts its moments \
+                "resuming the run: {progress}; {table}, the MLP's AdamW restarts its moments \
                  (candle-nn does not expose them)"
             )?;
         }
