@@ -18,7 +18,10 @@
 //!   stripes (every entry at the lowest count, and the next lowest until
 //!   a sixteenth of the bound is free, so making room costs a constant
 //!   per key counted), and those keys are admitted late (or never, while
-//!   new keys keep the counter full).
+//!   new keys keep the counter full). That pass reads and rebuilds every
+//!   stripe's map, so the read that makes room waits for all of it (tens
+//!   of milliseconds at the default bound of 2^20 keys), once per about a
+//!   sixteenth of the bound of new keys.
 //! - **Sketch** counts live in a count-min sketch of `depth` rows of
 //!   `width` saturating 16-bit counters with conservative update, in
 //!   memory allocated as the table's index is (zero pages mapped on first
@@ -429,11 +432,16 @@ impl ExactCounts {
             let added = stripe.counts.len() - before;
             past_bound += added - self.take_free(added);
         }
-        while past_bound > 0 {
-            let dropped = self.drop_lowest(past_bound, Ties::Split);
-            if dropped == 0 {
+        // Counting threads may admit keys meanwhile (their room goes to
+        // their stripes) or raise the counts at the edge: room they free
+        // settles the excess first, and the drops go on until it is gone.
+        loop {
+            self.gather_spare_room();
+            past_bound -= self.take_free(past_bound);
+            if past_bound == 0 {
                 break;
             }
+            let dropped = self.drop_lowest(past_bound, Ties::Split);
             let settled = dropped.min(past_bound);
             past_bound -= settled;
             self.free.fetch_add(dropped - settled, Ordering::Relaxed);
@@ -1078,6 +1086,67 @@ mod tests {
             assert!(pending(&a) <= bound, "bound {bound}");
             assert_eq!(exact_counts(&a).accounted(), bound, "bound {bound}");
         }
+    }
+
+    #[test]
+    fn restores_racing_counts_keep_the_bound_exactly() {
+        // Three threads count while the main thread merges, replaces and
+        // clears the counts: the pending keys, the spare room and the pool
+        // add up to the bound at the end, and never hold more keys.
+        for (bound, keys) in [(2_usize, 6_u64), (64, 200), (500, 1500)] {
+            for round in 0..20_u64 {
+                let a = exact(2, bound);
+                let stop = std::sync::atomic::AtomicBool::new(false);
+                let state = AdmissionState::Exact {
+                    keys: (0..keys).collect(),
+                    counts: vec![1; keys as usize],
+                };
+                std::thread::scope(|scope| {
+                    for t in 0..3_u64 {
+                        let (a, stop) = (&a, &stop);
+                        scope.spawn(move || {
+                            let mut rng = Pcg64Mcg::seed_from_u64(round * 8 + t);
+                            while !stop.load(Ordering::Relaxed) {
+                                a.read(rng.random_range(0..keys));
+                            }
+                        });
+                    }
+                    for i in 0..30 {
+                        match i % 5 {
+                            0 => a.clear(),
+                            1 => a.set_state(state.clone()).unwrap(),
+                            _ => a.merge_state(&state).unwrap(),
+                        }
+                    }
+                    stop.store(true, Ordering::Relaxed);
+                });
+                assert_eq!(exact_counts(&a).accounted(), bound, "bound {bound}");
+                assert!(pending(&a) <= bound, "bound {bound}");
+            }
+        }
+    }
+
+    #[test]
+    fn pending_counts_take_about_32_bytes_a_key_of_the_bound() {
+        // Random keys read once, four times the bound of them: the counter
+        // stays at its bound, its stripes' shares of it uneven.
+        let bound = 1 << 16;
+        let a = exact(2, bound);
+        let mut rng = Pcg64Mcg::seed_from_u64(5);
+        let mut most = 0.0_f64;
+        for _ in 0..4 {
+            for _ in 0..bound {
+                a.read(rng.random());
+            }
+            let slots: usize = exact_counts(&a)
+                .stripes
+                .iter()
+                .map(|cell| cell.lock().counts.slots())
+                .sum();
+            most = most.max((slots * 16) as f64 / bound as f64);
+        }
+        println!("pending counts at their bound: at most {most:.1} bytes a key of the bound");
+        assert!(most <= 40.0, "{most} bytes a key");
     }
 
     #[test]

@@ -8,9 +8,12 @@
 //! of a key the map lacks stops at the first empty slot. The array is at
 //! most half full (about 1.5 entries read by a lookup that finds its key,
 //! 2.5 by one that does not), and 16 bytes an entry: it doubles as keys
-//! arrive, up to twice the map's limit (the stripe's share of the bound), so a map at
-//! its limit takes 32 bytes a key (for a limit of 8 or more: the array has
-//! at least 16 slots); when keys are dropped it is sized for those kept.
+//! arrive, up to twice the map's limit (its stripe's share of the bound),
+//! so a map at its limit takes 32 bytes a key (for a limit of 8 or more:
+//! the array has at least 16 slots). Past its limit (stripes share the
+//! bound, so one may hold more than its share) it grows by a quarter at a
+//! time, to at most two and a half slots a key; when keys are dropped it
+//! is sized for those kept.
 
 use crate::raw::kernels::prefetch;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
@@ -31,8 +34,8 @@ pub(crate) struct PendingMap {
     /// Empty, or at least twice as long as `len`.
     entries: Vec<Entry>,
     len: usize,
-    /// Keys the map holds at most, but for a while during a merge: its
-    /// array grows no longer than twice this while it holds no more.
+    /// Keys the map is sized for: its array grows no longer than twice
+    /// this while it holds no more (see the module docs).
     limit: usize,
 }
 
@@ -84,7 +87,7 @@ enum Probe {
 }
 
 impl PendingMap {
-    /// An empty map that holds up to `limit` keys in at most twice as
+    /// An empty map sized for `limit` keys: up to that many in at most twice as
     /// many slots.
     pub(crate) fn new(limit: usize) -> PendingMap {
         PendingMap {
@@ -173,7 +176,11 @@ impl PendingMap {
     /// half.
     fn insert_new(&mut self, key: u64, count: u32, mut at: usize) {
         if 2 * (self.len + 1) > self.entries.len() {
-            self.rebuild(self.slots_for(self.len + 1));
+            let slots = self.slots_for(self.len + 1);
+            // Past the limit, by a quarter at a time: rebuilding stays a
+            // constant cost per key, and the array little past twice the keys.
+            let quarter_more = self.entries.len() + self.entries.len() / 4;
+            self.rebuild(slots.max(quarter_more));
             at = match self.probe(key) {
                 Probe::Vacant(i) => i,
                 Probe::Found(_) => unreachable!("a new key is not in the map"),
@@ -242,16 +249,21 @@ impl PendingMap {
     }
 
     /// Slots for `keys` keys: twice as many, rounded up to a power of two
-    /// (at least [`MIN_SLOTS`]), but no more than twice the limit while
-    /// the keys are within it.
+    /// (at least [`MIN_SLOTS`]) but no more than twice the limit while the
+    /// keys are within it, and exactly twice as many past it.
     fn slots_for(&self, keys: usize) -> usize {
-        let doubled = (2 * keys).max(MIN_SLOTS).next_power_of_two();
         let ceiling = (2 * self.limit).max(MIN_SLOTS);
         if 2 * keys <= ceiling {
-            doubled.min(ceiling)
+            (2 * keys).max(MIN_SLOTS).next_power_of_two().min(ceiling)
         } else {
-            doubled
+            2 * keys
         }
+    }
+
+    /// Slots the array has (16 bytes each).
+    #[cfg(test)]
+    pub(crate) fn slots(&self) -> usize {
+        self.entries.len()
     }
 
     /// Moves every entry into an array of `slots` slots (at least twice

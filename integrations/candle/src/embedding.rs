@@ -35,7 +35,9 @@
 //! with candle ops ([`crate::max_norm`]: TF's `clip_by_norm` formula,
 //! applied once, in both modes; the lookup functions apply TFRA's TRAIN-mode
 //! double clip in exact f32 order, so the two can differ in the last bits,
-//! and TFRA's INFERENCE mode ignores `max_norm` where this layer does not).
+//! and on a row whose squares overflow `f32`, which the lookup functions
+//! zero as TensorFlow does and the layer clips; TFRA's INFERENCE mode
+//! ignores `max_norm` where this layer does not).
 //! The layer's optional [`Regularizer`] penalizes the rows of the recorded
 //! batches ([`Embedding::regularization_loss`], to add to the loss). Output
 //! is `f32` on the configured device. The layer is `Send + Sync` and its

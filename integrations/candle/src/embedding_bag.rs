@@ -73,7 +73,9 @@
 //!
 //! # Invariants and decisions
 //!
-//! - One store call per forward, of each distinct id once; every check
+//! - One store call per forward (one per thread's chunk when a large
+//!   batch is split over candle's threads, [`crate::parallel`]), of each
+//!   distinct id once; every check
 //!   (weights' length, sizes) comes before it, so bad input is an
 //!   [`Error::InvalidInput`] that reads,
 //!   inserts and records nothing. A training forward with nothing to read
@@ -149,8 +151,11 @@ pub struct EmbeddingBagConfig<K> {
     /// The training forward clips once (candle ops, differentiable); the
     /// inference forward is [`safe_embedding_lookup_sparse_with_max_norm`],
     /// which clips twice as TFRA's TRAIN mode does, so the two modes can
-    /// differ in the last bits, and TFRA's INFERENCE mode (which ignores
-    /// `max_norm`) differs from both: leave it `None` to match that.
+    /// differ in the last bits (and on a row whose squares overflow `f32`,
+    /// which the inference forward zeroes as TensorFlow does and the
+    /// training forward clips, see [`crate::max_norm`]), and TFRA's
+    /// INFERENCE mode (which ignores `max_norm`) differs from both: leave
+    /// it `None` to match that.
     pub max_norm: Option<f32>,
     /// The id whose row an empty bag gets (zeros when `None`).
     pub default_id: Option<K>,
@@ -273,7 +278,7 @@ where
 
     /// The forward of PyTorch's `EmbeddingBag` input: `ids` a vector
     /// (`i64`, `u32` or `i32`, converted as [`Ids::from_tensor`] does),
-    /// `offsets` a vector of `bags + 1` offsets (an integer dtype; bag `b`
+    /// `offsets` a vector of `bags + 1` offsets (`i64`, `u32` or `i32`; bag `b`
     /// is `ids[offsets[b]..offsets[b + 1]]`, PyTorch's
     /// `include_last_offset=True` form, see [`SparseIds::from_offsets`]),
     /// `per_sample_weights` a float vector as long as `ids`. Output `[bags,
@@ -288,8 +293,14 @@ where
         train: bool,
     ) -> Result<Tensor> {
         let ids = Ids::<S::Key>::from_tensor(vector(ids, "ids")?)?;
-        let offsets = Ids::<i64>::from_tensor(vector(offsets, "offsets")?)
-            .map_err(|e| Error::invalid(format!("offsets: {e}")))?
+        let offsets = vector(offsets, "offsets")?;
+        if !matches!(offsets.dtype(), DType::I64 | DType::U32 | DType::I32) {
+            return Err(Error::invalid(format!(
+                "offsets must be i64, u32 or i32, got {:?}",
+                offsets.dtype()
+            )));
+        }
+        let offsets = Ids::<i64>::from_tensor(offsets)?
             .keys()
             .iter()
             .enumerate()

@@ -6,9 +6,11 @@
 //! `tests/tfra_goldens.rs` checks every recorded case).
 //!
 //! Common to all three:
-//! - they never insert: one [`EmbeddingStore::lookup`] per call, of the
-//!   batch's distinct ids (in order of first appearance); a missing id
-//!   reads the store's initializer row;
+//! - they never insert: one [`EmbeddingStore::lookup`] per call of the
+//!   batch's distinct ids (in order of first appearance), or one per
+//!   thread's chunk of them when a large batch is split over candle's
+//!   threads ([`crate::parallel`]); a missing id reads the store's
+//!   initializer row;
 //! - `max_norm` clips each looked-up row, before weighting and pooling, with
 //!   TF's `clip_by_norm` applied twice, as TFRA's TRAIN mode does
 //!   ([`crate::clip`]). TFRA's INFERENCE mode ignores `max_norm`: pass

@@ -685,6 +685,10 @@ fn bad_input_is_an_error_that_reads_inserts_and_records_nothing() -> TestResult 
         (Tensor::new(&[0_i64, -1, 3], &dev)?, "negative"),
         (Tensor::new(&[[0_i64, 3]], &dev)?, "vector"),
         (Tensor::new(&[0.0_f32, 3.0], &dev)?, "F32"),
+        (
+            Tensor::new(&[0_u8, 2, 3], &dev)?,
+            "offsets must be i64, u32 or i32, got U8",
+        ),
     ];
     for (offsets, message) in &bad_offsets {
         let err = bag.forward_offsets(&ids, offsets, None, true).unwrap_err();

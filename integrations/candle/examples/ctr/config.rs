@@ -608,7 +608,7 @@ fn seconds(value: &str) -> Result<Duration, String> {
         .ok()
         .filter(|d| !d.is_zero())
         .ok_or_else(|| {
-            format!("{seconds} seconds is not a duration (at least 1 ns, at most about 1.8e19 s)")
+            format!("{value} seconds is not a duration (at least 1 ns, at most about 1.8e19 s)")
         })
 }
 
