@@ -41,7 +41,9 @@
 //!   with standard deviation `stddev`: the values' standard deviation is about
 //!   `0.8796 * stddev`.
 //! - `RandomUniform { low, high }`: uniform on `[low, high)`; `high` itself is
-//!   never produced (except `low == high`, which gives exactly `low`).
+//!   never produced (except `low == high`, which gives exactly `low`). A
+//!   variable of a half-precision value dtype stores every initial value
+//!   rounded to it, so a value just below `high` may be stored as `high`.
 //! - `stddev == 0` gives exactly `mean`.
 //!
 //! # Every value is finite

@@ -37,7 +37,8 @@ pub struct TableOptions {
     pub init_size: usize,
     /// Whether optimizers train the table.
     pub trainable: bool,
-    /// Whether checkpoints save the table.
+    /// Whether a registry's checkpoints include the table (its own `save`
+    /// saves it either way).
     pub checkpoint: bool,
     /// What each row's score means, if rows keep one (for `restrict`, and
     /// for eviction: a capacity without a policy uses
@@ -273,7 +274,9 @@ impl<K: Key> VariableBuilder<K> {
         self
     }
 
-    /// Whether checkpoints save this variable (default true).
+    /// Whether a registry's checkpoints ([`Registry::save_all`](crate::Registry::save_all),
+    /// `restore_all`) include this variable (default true);
+    /// [`Variable::save`](crate::Variable::save) saves it either way.
     pub fn checkpoint(mut self, yes: bool) -> Self {
         self.options.checkpoint = yes;
         self

@@ -4,8 +4,9 @@
 //! key's value by the shard count (`rem_euclid`, so `-1` goes to the last
 //! shard), the same on every build and platform. A [`Partitioner::Custom`]
 //! function receives the key's 64-bit pattern (signed keys sign-extended) and
-//! the shard count; a shard it returns outside `0..shards` makes the whole
-//! call fail with [`Error::UnknownShard`] before anything changes. Zero
+//! the shard count, for every key of every call, one shard included; a
+//! shard it returns outside `0..shards` makes the whole call fail with
+//! [`Error::UnknownShard`] before anything changes. Zero
 //! shards is an [`Error::InvalidArgument`] (a variable always has at least
 //! one), and a custom function is not called with it.
 

@@ -32,7 +32,8 @@ pub trait EmbeddingTable: EmbeddingStore {
     /// The restrict policy the rows' scores follow, if rows keep one.
     fn restrict_policy(&self) -> Option<RestrictPolicy>;
 
-    /// Whether checkpoints save this table.
+    /// Whether a registry's checkpoints (`save_all`, `restore_all`)
+    /// include this table; the table's own `save` saves it either way.
     fn checkpoint(&self) -> bool;
 
     /// [`EmbeddingStore::lookup`], and whether each key is present
@@ -51,8 +52,10 @@ pub trait EmbeddingTable: EmbeddingStore {
 
     /// TFRA's `bp_v2` write: a present key with `exists[i]` gets its delta
     /// added; an absent key with `!exists[i]` is inserted with its delta as
-    /// its row; other keys are left alone. A key repeated in one batch adds
-    /// every delta.
+    /// its row; other keys are left alone. Each occurrence of a key
+    /// repeated in one batch is decided on the row as the earlier ones left
+    /// it, and a row the batch inserted takes every later delta whatever
+    /// its `exists[i]`.
     fn accum(&self, keys: &[Self::Key], deltas: &[f32], exists: &[bool]) -> Result<()>;
 
     /// Removes the keys and their slot rows; absent keys are ignored.

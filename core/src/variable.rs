@@ -287,7 +287,9 @@ impl<K: Key> Variable<K> {
         self.inner.trainable
     }
 
-    /// Whether checkpoints save this variable.
+    /// Whether a registry's checkpoints ([`Registry::save_all`](crate::Registry::save_all),
+    /// `restore_all`) include this variable; [`Variable::save`] saves it
+    /// either way.
     pub fn checkpoint(&self) -> bool {
         self.inner.checkpoint
     }
@@ -339,6 +341,14 @@ impl<K: Key> Variable<K> {
     fn split(&self, keys: &[K]) -> Result<Split> {
         let shards = self.inner.shards.len();
         if shards == 1 {
+            // Every key is shard 0's, but a custom function is still asked,
+            // so that a shard it gets wrong fails here, as it would with more
+            // shards (and as a restore of what was written would).
+            if let Partitioner::Custom(_) = &self.inner.partitioner {
+                for &key in keys {
+                    self.inner.partitioner.shard_of(key, 1)?;
+                }
+            }
             return Ok(Split::One(keys.iter().map(|k| k.to_bits()).collect()));
         }
         if keys.len() > u32::MAX as usize {
@@ -492,8 +502,12 @@ impl<K: Key> Variable<K> {
     /// TFRA `bp_v2` accumulation. For each key: present and `exists[i]` →
     /// `row += delta`; absent and not `exists[i]` → insert `delta` as the row;
     /// otherwise ignored (the key was removed, or inserted by another writer,
-    /// since the caller looked it up). A key repeated in one batch adds every
-    /// delta.
+    /// since the caller looked it up). Each occurrence of a key repeated in
+    /// one batch follows the table by its own `exists[i]`, except that a
+    /// key the batch itself inserted gets the deltas of its later
+    /// occurrences added, whatever their `exists[i]`: present with `[true,
+    /// false]` adds the first delta only; absent with `[false, false]`
+    /// inserts the first and adds the second.
     ///
     /// A NaN or infinite delta is an [`Error::NonFinite`] (`what:
     /// "deltas"`) before anything changes. A sum that overflows to infinity

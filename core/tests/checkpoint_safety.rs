@@ -554,3 +554,16 @@ fn a_lock_file_that_cannot_be_opened_fails_a_restore_instead_of_skipping_the_loc
     assert!(matches!(err, Error::Io { .. }), "{err}");
     assert_eq!(var.size(), 1);
 }
+
+#[test]
+fn a_dim_no_table_has_is_refused_even_when_asked_for() {
+    for dim in [0_usize, dynemb::MAX_DIM + 1] {
+        let dir = tempfile::tempdir().unwrap();
+        let ckpt = scored_checkpoint(dir.path());
+        edit_index(&ckpt, |index| index["dim"] = dim.into());
+        let err = dynemb::checkpoint::Reader::<i64>::open(&ckpt, "emb", dim).unwrap_err();
+        assert!(matches!(err, Error::Checkpoint { .. }), "{err}");
+        assert!(err.to_string().contains("outside 1..="), "{err}");
+        refused(&ckpt, "outside 1..=");
+    }
+}

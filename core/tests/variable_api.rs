@@ -911,6 +911,40 @@ fn custom_partitioner_out_of_range_fails_the_whole_call() {
     assert_eq!(v.size(), 2);
 }
 
+#[test]
+fn a_custom_partitioner_is_checked_with_one_shard_too() {
+    // With one shard every key is shard 0's, but a function that says
+    // otherwise fails the call that writes the key, not a later restore of
+    // what the variable saved.
+    let p = Partitioner::Custom(Arc::new(|k: u64, _n: usize| usize::from(k == 99) * 5));
+    let v = Variable::<u64>::builder("one")
+        .dim(1)
+        .shards(1)
+        .partitioner(p)
+        .build()
+        .unwrap();
+    v.upsert(&[1, 2], &[1.0, 2.0]).unwrap();
+    let err = v.upsert(&[3, 99], &[3.0, 4.0]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::UnknownShard {
+                shard: 5,
+                shards: 1
+            }
+        ),
+        "{err:?}"
+    );
+    let mut out = [0.0; 2];
+    assert!(v.lookup_or_insert(&[4, 99], &mut out).is_err());
+    assert!(v.remove(&[99]).is_err());
+    assert_eq!(v.size(), 2, "the failed calls changed nothing");
+    let dir = tempfile::tempdir().unwrap();
+    v.save(dir.path()).unwrap();
+    v.restore(dir.path()).unwrap();
+    assert_eq!(v.size(), 2);
+}
+
 // ---------------------------------------------------------------- argument errors
 
 #[test]

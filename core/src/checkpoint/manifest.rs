@@ -247,6 +247,16 @@ impl Manifest {
                 ),
             ));
         }
+        if manifest.dim == 0 || manifest.dim > crate::MAX_DIM {
+            return Err(corrupt(
+                path,
+                format!(
+                    "dim {} is outside 1..={} (no table has it)",
+                    manifest.dim,
+                    crate::MAX_DIM
+                ),
+            ));
+        }
         for (i, slot) in manifest.slots.iter().enumerate() {
             if let Err(e) = crate::check_name("slot name", &slot.name) {
                 return Err(corrupt(path, e.to_string()));

@@ -8,7 +8,7 @@
 //! first use (large ones on huge pages, see [`zeroed`](super::zeroed)) and
 //! never moved or freed before the column: a row id found once stays valid,
 //! and growing never copies a row. A directory of 24 segments addresses
-//! 2^34 rows.
+//! 2^34 - 1024 rows ([`MAX_ROWS`]).
 //!
 //! [`RowStore`] holds the main column, where each row is a two- or three-word
 //! header and the `dim` values packed by the value dtype's [`Codec`] (two

@@ -142,7 +142,8 @@ impl AnyVariable {
         self.inner.trainable()
     }
 
-    /// Whether checkpoints save this variable.
+    /// Whether the registry's checkpoints (`save_all`, `restore_all`)
+    /// include this variable; its own `save` saves it either way.
     pub fn checkpoint(&self) -> bool {
         self.inner.checkpoint()
     }
