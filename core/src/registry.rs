@@ -65,9 +65,10 @@
 //!   The getters of nested scopes compose as TF composes them: the innermost
 //!   scope's getter runs first, and the [`Getter`] it receives runs its
 //!   parent scope's getter, and so on out to the registry's real getter.
-//!   What the outermost getter returns is the caller's variable: only its
-//!   key type is checked against the request ([`Error::Mismatch`]), since
-//!   a getter may change the request (its dim, its dtypes) on purpose.
+//!   What the first getter to run (the innermost scope's) returns is the
+//!   caller's variable: only its key type is checked against the request
+//!   ([`Error::Mismatch`]), since a getter may change the request (its
+//!   dim, its dtypes) on purpose.
 //! - **Every variable.** [`Registry::variables`] lists the variables
 //!   type-erased ([`AnyVariable`]: name, key type, dim, `checkpoint` flag,
 //!   typed handle by downcast), in creation order: what saving or restoring

@@ -109,7 +109,7 @@ enum Part {
     Modulo,
     Hash,
     /// Sends `BAD_KEY` to shard `shards` (out of range): every batch holding
-    /// it fails on a variable of two or more shards.
+    /// it fails, one shard included.
     Bad,
 }
 
@@ -320,13 +320,11 @@ impl<K: FuzzKey> Runner<K> {
     /// The shard of `k`, or `None` where the partitioner refuses it.
     fn shard_of(&self, k: K) -> Option<usize> {
         let bits = k.to_bits();
-        if self.shards == 1 {
-            return Some(0);
-        }
         match self.part {
+            Part::Bad if bits == K::nth(BAD_KEY).to_bits() => None,
+            _ if self.shards == 1 => Some(0),
             Part::Modulo => Some(k.floor_mod(self.shards)),
             Part::Hash => Some(hash_shard(bits, self.shards)),
-            Part::Bad if bits == K::nth(BAD_KEY).to_bits() => None,
             Part::Bad => Some(hash_shard(bits, self.shards)),
         }
     }

@@ -7,21 +7,24 @@
 //!   pending bound: a stripe takes room for new keys from a shared pool a
 //!   few keys at a time (and gives back what an admitted key's entry
 //!   frees past a few), so the pending keys, the room the stripes hold
-//!   and the pool never add up to more than the bound, and any stripe
-//!   may hold any part of it. Each stripe publishes where its map's
+//!   and the pool never add up to more than the bound (but for a restore
+//!   or load, which may hold up to twice the bound until it trims the
+//!   lowest counts), and any stripe may hold any part of it. Each stripe publishes where its map's
 //!   entries are ([`ProbeHint`]), so a batch prefetches a key's entry a
 //!   few keys before it counts the key, without the lock, and the lock's
 //!   own line with it. A key's count is exact while it stays pending; it
 //!   is removed when it reaches `min_count` (that read admits the key),
 //!   or dropped when the bound is reached and a new key arrives: once no
-//!   stripe holds unused room, one thread drops the lowest counts of all
-//!   stripes (every entry at the lowest count, and the next lowest until
-//!   a sixteenth of the bound is free, so making room costs a constant
-//!   per key counted), and those keys are admitted late (or never, while
-//!   new keys keep the counter full). That pass reads and rebuilds every
-//!   stripe's map, so the read that makes room waits for all of it (tens
-//!   of milliseconds at the default bound of 2^20 keys), once per about a
-//!   sixteenth of the bound of new keys.
+//!   stripe holds unused room (as one pass over them sees it: a stripe
+//!   may take room back meanwhile), one thread drops the lowest counts of
+//!   all stripes (every entry at the lowest count, and the next lowest
+//!   until a sixteenth of the bound is free, so making room costs a
+//!   constant per key counted; at `min_count` 2 every pending count is 1,
+//!   so that is every pending key), and those keys are admitted late (or
+//!   never, while new keys keep the counter full). That pass reads and
+//!   rebuilds every stripe's map, so the read that makes room waits for
+//!   all of it (tens of milliseconds at the default bound of 2^20 keys),
+//!   at most once per sixteenth of the bound of new keys.
 //! - **Sketch** counts live in a count-min sketch of `depth` rows of
 //!   `width` saturating 16-bit counters with conservative update, in
 //!   memory allocated as the table's index is (zero pages mapped on first
@@ -137,7 +140,8 @@ struct ExactCounts {
     room_batch: usize,
     /// Room for new pending keys that no stripe holds. The pending keys,
     /// the stripes' spare room and this never add up to more than
-    /// `bound`; they add up to it when no stripe is taking or giving room.
+    /// `bound` (but during a merge, see [`ExactCounts::merge`]); they add
+    /// up to it when no stripe is taking or giving room.
     free: CachePadded<AtomicUsize>,
     /// Held by the one thread that gathers room or drops counts from all
     /// stripes (it locks them one at a time, never two at once).
@@ -351,36 +355,43 @@ impl ExactCounts {
 
     /// Drops the `n` lowest counts of all stripes as they are read first
     /// (`making_room` held): with [`Ties::Together`] every entry at or
-    /// below the `n`-th lowest count, with [`Ties::Split`] exactly `n` of
-    /// them (which of the equal counts at the edge go is arbitrary).
-    /// Counts that rise or go meanwhile are dropped as they are then.
-    /// Returns how many entries it dropped; their room is the caller's.
+    /// below the `n`-th lowest count, with [`Ties::Split`] exactly `n`,
+    /// the lowest by count and then by key (so equal counts at the edge go
+    /// by key, the same way every time). Counts that rise or go meanwhile
+    /// are dropped as they are then. Returns how many entries it dropped;
+    /// their room is the caller's.
     fn drop_lowest(&self, n: usize, ties: Ties) -> usize {
-        let mut counts: Vec<u32> = Vec::new();
-        for cell in self.stripes.iter() {
-            counts.extend(cell.lock().counts.iter().map(|(_, count)| count));
-        }
-        if n == 0 || counts.is_empty() {
+        if n == 0 {
             return 0;
         }
-        let n = n.min(counts.len());
-        let (_, &mut edge, _) = counts.select_nth_unstable(n - 1);
-        let mut edge_drops = match ties {
-            Ties::Together => usize::MAX,
-            Ties::Split => n - counts.iter().filter(|&&count| count < edge).count(),
+        let stays: Box<dyn Fn(u64, u32) -> bool> = match ties {
+            Ties::Together => {
+                let mut counts: Vec<u32> = Vec::new();
+                for cell in self.stripes.iter() {
+                    counts.extend(cell.lock().counts.iter().map(|(_, count)| count));
+                }
+                let Some(edge) = nth_lowest(&mut counts, n) else {
+                    return 0;
+                };
+                Box::new(move |_, count| count > edge)
+            }
+            Ties::Split => {
+                let mut entries: Vec<(u32, u64)> = Vec::new();
+                for cell in self.stripes.iter() {
+                    let stripe = cell.lock();
+                    entries.extend(stripe.counts.iter().map(|(key, count)| (count, key)));
+                }
+                let Some(edge) = nth_lowest(&mut entries, n) else {
+                    return 0;
+                };
+                Box::new(move |key, count| (count, key) > edge)
+            }
         };
         let mut dropped = 0;
         for cell in self.stripes.iter() {
             let mut stripe = cell.lock();
             let before = stripe.counts.len();
-            stripe.counts.retain(|_, count| match count.cmp(&edge) {
-                std::cmp::Ordering::Less => false,
-                std::cmp::Ordering::Equal if edge_drops > 0 => {
-                    edge_drops -= 1;
-                    false
-                }
-                _ => true,
-            });
+            stripe.counts.retain(&stays);
             dropped += before - stripe.counts.len();
         }
         dropped
@@ -403,17 +414,33 @@ impl ExactCounts {
     /// more become `min_count - 1`: the key's next read admits it; zero
     /// counts are skipped), then drops the lowest counts of all stripes
     /// past the bound: what stays are the highest counts, whatever the
-    /// order of `keys` (of equal counts at the edge, which stay is
-    /// arbitrary).
+    /// order of `keys` (of equal counts at the edge, those of the larger
+    /// keys), so merging the same counts twice changes nothing. Until it
+    /// has trimmed, the counter holds up to twice the bound: the keys
+    /// pending before, and the highest `bound` of `keys`.
     fn merge(&self, keys: &[u64], counts: &[u32]) {
         if self.min_count <= 1 {
             return;
         }
+        // Each key once, with its largest count; past the bound, only the
+        // highest by count and then by key, which are all the trim below
+        // could keep (so the counter never holds more than twice the bound).
+        let mut entries: Vec<(u32, u64)> = keys
+            .iter()
+            .zip(counts)
+            .filter(|&(_, &count)| count > 0)
+            .map(|(&key, &count)| (count.min(self.min_count - 1), key))
+            .collect();
+        entries.sort_unstable_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)));
+        entries.dedup_by_key(|&mut (_, key)| key);
+        if entries.len() > self.bound {
+            let excess = entries.len() - self.bound;
+            entries.select_nth_unstable(excess);
+            entries.drain(..excess);
+        }
         let mut by_stripe = vec![Vec::new(); self.stripes.len()];
-        for (&key, &count) in keys.iter().zip(counts) {
-            if count > 0 {
-                by_stripe[self.stripe_of(key)].push((key, count.min(self.min_count - 1)));
-            }
+        for (count, key) in entries {
+            by_stripe[self.stripe_of(key)].push((key, count));
         }
         let _alone = lock(&self.making_room);
         self.gather_spare_room();
@@ -475,13 +502,23 @@ impl ExactCounts {
     }
 }
 
+/// The `n`-th lowest of `values` (`n` at least 1; all of them if fewer),
+/// or `None` if there are none.
+fn nth_lowest<T: Ord + Copy>(values: &mut [T], n: usize) -> Option<T> {
+    if values.is_empty() {
+        return None;
+    }
+    let n = n.min(values.len());
+    Some(*values.select_nth_unstable(n - 1).1)
+}
+
 /// What [`ExactCounts::drop_lowest`] does with equal counts at its edge.
 #[derive(Clone, Copy)]
 enum Ties {
     /// Drops them all (making room: keys of equal count go together).
     Together,
-    /// Drops only as many as reach the number asked for (a restore keeps
-    /// exactly the bound).
+    /// Drops exactly the number asked for, equal counts by key (a restore
+    /// keeps exactly the bound, and a repeated load the same keys).
     Split,
 }
 
@@ -1127,7 +1164,7 @@ mod tests {
     }
 
     #[test]
-    fn pending_counts_take_about_32_bytes_a_key_of_the_bound() {
+    fn pending_counts_take_at_most_40_bytes_a_key_of_the_bound() {
         // Random keys read once, four times the bound of them: the counter
         // stays at its bound, its stripes' shares of it uneven.
         let bound = 1 << 16;
@@ -1226,6 +1263,24 @@ mod tests {
         .unwrap();
         assert_eq!(pending(&a), 3);
         assert_eq!(exact_counts(&a).accounted(), 3);
+        // Those of the larger keys, so that merging the same counts again
+        // changes nothing.
+        let kept = |a: &Admitter| {
+            let AdmissionState::Exact { mut keys, .. } = a.state() else {
+                unreachable!()
+            };
+            keys.sort_unstable();
+            keys
+        };
+        let mut largest = keys.clone();
+        largest.sort_unstable();
+        assert_eq!(kept(&a), largest[7..]);
+        let tied = AdmissionState::Exact {
+            keys: keys.clone(),
+            counts: vec![1; 10],
+        };
+        a.merge_state(&tied).unwrap();
+        assert_eq!(kept(&a), largest[7..]);
 
         // Ten high counts among ninety low ones, into bounds from 10 to
         // 100: the high counts all stay, and the bound is kept exactly.
@@ -1326,8 +1381,8 @@ mod tests {
     fn a_sketch_rarely_admits_early() {
         // 200,000 keys into a sketch 2^18 wide (1.3 times the keys), 4
         // deep: keys read once or twice against a min_count of 3, and
-        // keys read once against a min_count of 2; then a sketch a third
-        // as wide, which admits far more early.
+        // keys read once against a min_count of 2; then a sketch a quarter
+        // as wide (a third of the keys), which admits far more early.
         for (min_count, most_reads, width, rates) in [
             (3, 2, 1 << 18, 0.0..0.015),
             (2, 1, 1 << 18, 0.0..0.03),

@@ -1,4 +1,5 @@
-//! Large arrays that start as all-zero bytes: index arrays and row segments.
+//! Large arrays that start as all-zero bytes: index arrays, row segments
+//! and admission sketches.
 //!
 //! Small arrays come from the global allocator's zeroed memory. Arrays of
 //! 2 MiB or more are mapped straight from the OS (anonymous `mmap`, which is

@@ -300,7 +300,8 @@ where
                 offsets.dtype()
             )));
         }
-        let offsets = Ids::<i64>::from_tensor(offsets)?
+        let offsets = Ids::<i64>::from_tensor(offsets)
+            .map_err(|e| Error::invalid(format!("offsets: {e}")))?
             .keys()
             .iter()
             .enumerate()
