@@ -34,8 +34,8 @@ pub(crate) struct PendingMap {
     /// Empty, or at least twice as long as `len`.
     entries: Vec<Entry>,
     len: usize,
-    /// Keys the map is sized for: its array grows no longer than twice
-    /// this while it holds no more (see the module docs).
+    /// Keys the map is sized for: its array grows to at most twice this
+    /// while it holds no more (see the module docs).
     limit: usize,
 }
 
